@@ -1,0 +1,77 @@
+"""Pure parsers, one module per input format.
+
+A parser turns bytes, text or a path into frames shaped like :mod:`collector.records`
+tables, and never touches the network or the store. Modules that can read a captured file
+expose ``FILE_FORMAT`` (a :class:`FileFormat`) so that ``ioe ingest`` detects them from the
+file's content; :func:`file_formats` finds them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from collector.errors import Problem
+
+SNIFF_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class IngestContext:
+    """What a file does not say about itself: when it was captured and on which host."""
+
+    ts_ns: int
+    host: str = ""
+    source: str = ""
+
+
+@dataclass
+class Parsed:
+    """A parser's answer: frames per table, plus the pieces of input it refused."""
+
+    tables: dict[str, pl.DataFrame] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    def add(self, table: str, frame: pl.DataFrame) -> None:
+        if frame.height == 0:
+            return
+        prev = self.tables.get(table)
+        self.tables[table] = frame if prev is None else pl.concat([prev, frame], how="vertical")
+
+    def extend(self, other: Parsed) -> None:
+        for table, frame in other.tables.items():
+            self.add(table, frame)
+        self.problems.extend(other.problems)
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    """A captured-file format ``ioe ingest`` can detect.
+
+    ``sniff(name, head)`` looks at the file name and its first :data:`SNIFF_BYTES` (already
+    gunzipped) and says whether this format reads it; ``load(path, ctx)`` parses it. Lower
+    ``priority`` is tried first.
+    """
+
+    name: str
+    sniff: Callable[[str, bytes], bool]
+    load: Callable[[Path, IngestContext], Parsed]
+    priority: int = 100
+
+
+def file_formats() -> list[FileFormat]:
+    """Every ``FILE_FORMAT`` defined by a module of this package, by priority."""
+    found: list[FileFormat] = []
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        fmt = getattr(module, "FILE_FORMAT", None)
+        if isinstance(fmt, FileFormat):
+            found.append(fmt)
+        for extra in getattr(module, "FILE_FORMATS", ()):
+            found.append(extra)
+    return sorted(found, key=lambda f: (f.priority, f.name))

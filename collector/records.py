@@ -1,0 +1,373 @@
+"""Every record type that flows through IOE, defined once.
+
+Each table is a list of typed columns plus its natural key. Units live in column names
+(``ts_ns``, ``exec_us``, ``bytes_per_s``); conversions happen once, in the parsers, so every
+row in the store is already in base units (ratios 0..1, bytes, bytes/s, W, J, °C, MHz, s).
+
+Parsers build frames with :func:`frame`; the store creates tables from :data:`TABLES` and is
+the only thing that writes them. Identity columns that take part in a natural key are never
+NULL: unknown text is ``''`` and an unknown rank or index is ``-1``.
+
+Canonical GPU metric names (``gpu_samples.metric``) end in their unit:
+``*_ratio`` (0..1), ``*_bytes``, ``*_bytes_per_s``, ``*_w``, ``*_j``, ``*_c``, ``*_mhz``,
+``*_s``, ``*_total`` (a count) or ``*_mask`` / ``*_last`` (codes, not quantities).
+Canonical engine concepts (``engine_samples.concept``) are listed in
+:mod:`collector.formats.engine`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+# DuckDB type -> polars dtype used when a parser builds a frame.
+_POLARS: dict[str, Any] = {
+    "BIGINT": pl.Int64,
+    "INTEGER": pl.Int32,
+    "DOUBLE": pl.Float64,
+    "VARCHAR": pl.Utf8,
+    "BOOLEAN": pl.Boolean,
+}
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table of the store: ordered ``(column, duckdb_type)`` pairs and its natural key."""
+
+    name: str
+    columns: tuple[tuple[str, str], ...]
+    key: tuple[str, ...]
+    doc: str = ""
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c for c, _ in self.columns]
+
+    def polars_schema(self) -> dict[str, Any]:
+        return {c: _POLARS[t] for c, t in self.columns}
+
+    def ddl(self) -> str:
+        cols = ",\n  ".join(f"{c} {t}{' NOT NULL' if c in self.key else ''}" for c, t in self.columns)
+        key = f",\n  PRIMARY KEY ({', '.join(self.key)})" if self.key else ""
+        return f"CREATE TABLE IF NOT EXISTS {self.name} (\n  {cols}{key}\n)"
+
+
+def _t(name: str, doc: str, key: tuple[str, ...], *cols: tuple[str, str]) -> Table:
+    return Table(name=name, columns=tuple(cols), key=key, doc=doc)
+
+
+# Identity columns of an engine series (REFERENCE §2 identity labels).
+_ENGINE_ID = (
+    ("source", "VARCHAR"),
+    ("engine", "VARCHAR"),
+    ("model", "VARCHAR"),
+    ("dp_rank", "INTEGER"),
+    ("tp_rank", "INTEGER"),
+    ("pp_rank", "INTEGER"),
+    ("ep_rank", "INTEGER"),
+    ("concept", "VARCHAR"),
+    ("labels", "VARCHAR"),
+)
+_ENGINE_KEY = tuple(c for c, _ in _ENGINE_ID)
+
+TARGETS = _t(
+    "targets",
+    "One row per scrape target or source, with its latest health.",
+    ("target",),
+    ("target", "VARCHAR"),
+    ("kind", "VARCHAR"),
+    ("url", "VARCHAR"),
+    ("host", "VARCHAR"),
+    ("up", "BOOLEAN"),
+    ("last_scrape_ns", "BIGINT"),
+    ("last_duration_s", "DOUBLE"),
+    ("last_error", "VARCHAR"),
+    ("samples_last", "INTEGER"),
+    ("dropped_last", "INTEGER"),
+    ("consecutive_failures", "INTEGER"),
+    ("updated_ns", "BIGINT"),
+)
+
+DEPLOYMENTS = _t(
+    "deployments",
+    "A named set of engine processes and GPUs with its model and parallel layout.",
+    ("name",),
+    ("name", "VARCHAR"),
+    ("model", "VARCHAR"),
+    ("gpu_type", "VARCHAR"),
+    ("tp", "INTEGER"),
+    ("pp", "INTEGER"),
+    ("dp", "INTEGER"),
+    ("ep", "INTEGER"),
+    ("roles", "VARCHAR"),  # JSON: {"prefill": n, "decode": m} or {}
+    ("nodes", "VARCHAR"),  # JSON list of host names
+    ("fabric", "VARCHAR"),
+    ("engine", "VARCHAR"),
+    ("origin", "VARCHAR"),  # 'config' | 'inferred'
+    ("spec", "VARCHAR"),  # JSON of the full declaration
+    ("updated_ns", "BIGINT"),
+)
+
+GPU_SAMPLES = _t(
+    "gpu_samples",
+    "One GPU counter value at one time, in canonical units (see module docstring).",
+    ("ts_ns", "host", "uuid", "metric", "link"),
+    ("ts_ns", "BIGINT"),
+    ("host", "VARCHAR"),
+    ("gpu", "INTEGER"),
+    ("uuid", "VARCHAR"),
+    ("metric", "VARCHAR"),
+    ("link", "INTEGER"),  # NVLink index for per-link fields, -1 otherwise
+    ("value", "DOUBLE"),
+    ("source", "VARCHAR"),
+    ("gpu_model", "VARCHAR"),
+    ("pod", "VARCHAR"),
+    ("namespace", "VARCHAR"),
+    ("container", "VARCHAR"),
+    ("mig_profile", "VARCHAR"),
+    ("mig_instance", "VARCHAR"),
+)
+
+ENGINE_SAMPLES = _t(
+    "engine_samples",
+    "One serving-engine gauge or counter value; counters carry their per-second rate.",
+    ("ts_ns", *_ENGINE_KEY),
+    ("ts_ns", "BIGINT"),
+    *_ENGINE_ID,
+    ("value", "DOUBLE"),
+    ("rate_per_s", "DOUBLE"),  # counters only; NULL on the first sample and after a reset
+)
+
+HISTOGRAM_BUCKETS = _t(
+    "histogram_buckets",
+    "Cumulative bucket counts of an engine latency histogram, kept as buckets.",
+    ("ts_ns", *_ENGINE_KEY, "le"),
+    ("ts_ns", "BIGINT"),
+    *_ENGINE_ID,
+    ("le", "DOUBLE"),  # upper bound in seconds; +inf for the last bucket
+    ("cumulative_count", "DOUBLE"),
+)
+
+FABRIC_SAMPLES = _t(
+    "fabric_samples",
+    "InfiniBand/RoCE port counters: cumulative value and per-second rate, in bytes/packets.",
+    ("ts_ns", "host", "device", "port", "metric"),
+    ("ts_ns", "BIGINT"),
+    ("host", "VARCHAR"),
+    ("device", "VARCHAR"),
+    ("port", "INTEGER"),
+    ("metric", "VARCHAR"),
+    ("value", "DOUBLE"),
+    ("rate_per_s", "DOUBLE"),
+)
+
+REQUEST_SPANS = _t(
+    "request_spans",
+    "One serving request from an engine's OTLP span; latencies in seconds.",
+    ("trace_id", "span_id"),
+    ("trace_id", "VARCHAR"),
+    ("span_id", "VARCHAR"),
+    ("start_ns", "BIGINT"),
+    ("end_ns", "BIGINT"),
+    ("name", "VARCHAR"),
+    ("service", "VARCHAR"),
+    ("engine", "VARCHAR"),
+    ("model", "VARCHAR"),
+    ("dp_rank", "INTEGER"),
+    ("role", "VARCHAR"),
+    ("request_id", "VARCHAR"),
+    ("ttft_s", "DOUBLE"),
+    ("queue_s", "DOUBLE"),
+    ("prefill_s", "DOUBLE"),
+    ("decode_s", "DOUBLE"),
+    ("inference_s", "DOUBLE"),
+    ("e2e_s", "DOUBLE"),
+    ("kv_transfer_s", "DOUBLE"),
+    ("input_tokens", "BIGINT"),
+    ("output_tokens", "BIGINT"),
+    ("cached_tokens", "BIGINT"),
+    ("finish_reason", "VARCHAR"),
+    ("attributes", "VARCHAR"),  # JSON of attributes not mapped above
+)
+
+COLLECTIVE_RECORDS = _t(
+    "collective_records",
+    "One collective (or P2P op) on one rank, from NCCL Inspector or a kernel trace.",
+    ("origin", "comm_id", "coll_sn", "rank", "kind"),
+    ("origin", "VARCHAR"),  # 'inspector' | 'kineto:<trace set>'
+    ("comm_id", "VARCHAR"),
+    ("coll_sn", "BIGINT"),
+    ("rank", "INTEGER"),
+    ("kind", "VARCHAR"),  # 'coll' | 'p2p'
+    ("comm_name", "VARCHAR"),
+    ("n_ranks", "INTEGER"),
+    ("nnodes", "INTEGER"),
+    ("host", "VARCHAR"),
+    ("pid", "BIGINT"),
+    ("op", "VARCHAR"),
+    ("peer", "INTEGER"),
+    ("msg_bytes", "BIGINT"),
+    ("exec_us", "DOUBLE"),
+    ("algbw_gbs", "DOUBLE"),
+    ("busbw_gbs", "DOUBLE"),
+    ("timing_source", "VARCHAR"),
+    ("start_us", "DOUBLE"),  # epoch µs (Inspector verbose) or trace µs (Kineto)
+    ("stop_us", "DOUBLE"),
+    ("dump_ts_us", "DOUBLE"),
+    ("kernel_events", "VARCHAR"),  # JSON list of per-channel kernel timestamps
+)
+
+KERNEL_EVENTS = _t(
+    "kernel_events",
+    "GPU kernels from a Kineto trace after HTA's preprocessing rules (µs, rounded inward).",
+    ("trace_set", "rank", "stream", "correlation", "ts_us"),
+    ("trace_set", "VARCHAR"),
+    ("rank", "INTEGER"),
+    ("stream", "BIGINT"),
+    ("correlation", "BIGINT"),
+    ("ts_us", "BIGINT"),
+    ("dur_us", "BIGINT"),
+    ("name", "VARCHAR"),
+    ("cat", "VARCHAR"),
+    ("is_comm", "BOOLEAN"),
+    ("iteration", "BIGINT"),  # ProfilerStep number of the launching CPU op, -1 if none
+    ("last_step", "BOOLEAN"),
+)
+
+NCCL_BASELINES = _t(
+    "nccl_baselines",
+    "Measured collective bandwidth (nccl-tests) per op, size, GPU count and placement.",
+    ("source", "op", "n_gpus", "size_bytes", "dtype", "in_place"),
+    ("source", "VARCHAR"),
+    ("host", "VARCHAR"),
+    ("op", "VARCHAR"),
+    ("n_gpus", "INTEGER"),
+    ("size_bytes", "BIGINT"),
+    ("count", "BIGINT"),
+    ("dtype", "VARCHAR"),
+    ("redop", "VARCHAR"),
+    ("root", "INTEGER"),
+    ("in_place", "BOOLEAN"),
+    ("time_us", "DOUBLE"),
+    ("algbw_gbs", "DOUBLE"),
+    ("busbw_gbs", "DOUBLE"),
+    ("wrong", "BIGINT"),
+    ("ts_ns", "BIGINT"),
+)
+
+INGEST_ERRORS = _t(
+    "ingest_errors",
+    "Inputs that were refused: where, what, and a quote of the bad part.",
+    ("ts_ns", "source", "location"),
+    ("ts_ns", "BIGINT"),
+    ("source", "VARCHAR"),
+    ("location", "VARCHAR"),
+    ("message", "VARCHAR"),
+)
+
+# 1-minute rollups kept longer than raw samples (see collector.store.Store.maintain).
+GPU_SAMPLES_1M = _t(
+    "gpu_samples_1m",
+    "Per-minute min/max/avg/last of gpu_samples.",
+    ("minute_ns", "host", "uuid", "metric", "link"),
+    ("minute_ns", "BIGINT"),
+    ("host", "VARCHAR"),
+    ("gpu", "INTEGER"),
+    ("uuid", "VARCHAR"),
+    ("metric", "VARCHAR"),
+    ("link", "INTEGER"),
+    ("n", "BIGINT"),
+    ("min", "DOUBLE"),
+    ("max", "DOUBLE"),
+    ("avg", "DOUBLE"),
+    ("last", "DOUBLE"),
+)
+
+ENGINE_SAMPLES_1M = _t(
+    "engine_samples_1m",
+    "Per-minute avg/max/last of engine_samples (last value and mean rate for counters).",
+    ("minute_ns", *_ENGINE_KEY),
+    ("minute_ns", "BIGINT"),
+    *_ENGINE_ID,
+    ("n", "BIGINT"),
+    ("avg", "DOUBLE"),
+    ("max", "DOUBLE"),
+    ("last", "DOUBLE"),
+    ("avg_rate_per_s", "DOUBLE"),
+)
+
+HISTOGRAM_BUCKETS_1M = _t(
+    "histogram_buckets_1m",
+    "Last cumulative bucket count per minute: any quantile over any whole-minute window.",
+    ("minute_ns", *_ENGINE_KEY, "le"),
+    ("minute_ns", "BIGINT"),
+    *_ENGINE_ID,
+    ("le", "DOUBLE"),
+    ("cumulative_count", "DOUBLE"),
+)
+
+TABLES: dict[str, Table] = {
+    t.name: t
+    for t in (
+        TARGETS,
+        DEPLOYMENTS,
+        GPU_SAMPLES,
+        ENGINE_SAMPLES,
+        HISTOGRAM_BUCKETS,
+        FABRIC_SAMPLES,
+        REQUEST_SPANS,
+        COLLECTIVE_RECORDS,
+        KERNEL_EVENTS,
+        NCCL_BASELINES,
+        INGEST_ERRORS,
+        GPU_SAMPLES_1M,
+        ENGINE_SAMPLES_1M,
+        HISTOGRAM_BUCKETS_1M,
+    )
+}
+
+# Tables whose natural key is replaced rather than ignored on a re-send (latest state wins).
+REPLACE_TABLES = frozenset({"targets", "deployments"})
+
+
+def frame(table: str, rows: dict[str, list[Any]] | list[dict[str, Any]]) -> pl.DataFrame:
+    """Build a frame with exactly ``table``'s columns and dtypes.
+
+    ``rows`` is either column lists or a list of row dicts. Missing columns are filled with
+    the key-safe default (``''``/``-1``) when they are part of the natural key, else NULL.
+    Unknown columns raise ``KeyError`` naming them (a programming error, not bad input).
+    """
+    spec = TABLES[table]
+    schema = spec.polars_schema()
+    if isinstance(rows, list):
+        df = pl.DataFrame(rows, schema_overrides=None, infer_schema_length=None) if rows else None
+        cols = {c: df[c].to_list() for c in df.columns} if df is not None else {}
+    else:
+        cols = dict(rows)
+    unknown = set(cols) - set(schema)
+    if unknown:
+        raise KeyError(f"{table}: unknown columns {sorted(unknown)}")
+    n = max((len(v) for v in cols.values()), default=0)
+    data: dict[str, Any] = {}
+    for name, dtype in schema.items():
+        if name in cols:
+            data[name] = pl.Series(name, cols[name], dtype=dtype, strict=False)
+        else:
+            data[name] = pl.Series(name, [_key_default(dtype) if name in spec.key else None] * n, dtype=dtype)
+    return pl.DataFrame(data)
+
+
+def empty(table: str) -> pl.DataFrame:
+    """A zero-row frame with ``table``'s schema."""
+    return pl.DataFrame(schema=TABLES[table].polars_schema())
+
+
+def _key_default(dtype: Any) -> Any:
+    if dtype == pl.Utf8:
+        return ""
+    if dtype == pl.Boolean:
+        return False
+    return -1

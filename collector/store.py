@@ -1,0 +1,232 @@
+"""The store: the only writer of IOE's tables.
+
+An embedded DuckDB file by default (``":memory:"`` for tests). Writes are column-wise (one
+``INSERT … SELECT`` per batch from an Arrow/polars frame, never row at a time) and idempotent
+on each table's natural key: a replayed scrape, a re-sent span or a re-read log line inserts
+nothing new. ``targets`` and ``deployments`` keep their latest state instead.
+
+The schema is versioned in ``ioe_schema``: a new file is created at the current version, an
+older file is brought forward by the steps in :data:`MIGRATIONS`.
+
+Retention: raw rows older than ``raw_retention_s`` are deleted once they have been rolled up
+into the per-minute ``*_1m`` tables, which are kept for ``rollup_retention_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+
+from collector.records import REPLACE_TABLES, TABLES
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+NS_PER_MIN = 60_000_000_000
+
+# (from_version, statements bringing a store from from_version to from_version + 1).
+MIGRATIONS: list[tuple[int, list[str]]] = []
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or written; the message says which file and why."""
+
+
+@dataclass(frozen=True)
+class Retention:
+    raw_s: float = 2 * 86400
+    rollup_s: float = 30 * 86400
+
+
+class Store:
+    """DuckDB-backed store. Thread-safe: writes are serialized; reads use their own cursor."""
+
+    def __init__(self, path: str | Path = ":memory:", *, read_only: bool = False):
+        self.path = str(path)
+        self.read_only = read_only
+        self._lock = threading.RLock()
+        try:
+            self.con = duckdb.connect(self.path, read_only=read_only)
+        except duckdb.Error as exc:
+            raise StoreError(f"store {self.path}: cannot open ({exc})") from exc
+        if not read_only:
+            self._migrate()
+
+    # -- schema ---------------------------------------------------------------------------
+    def schema_version(self) -> int:
+        row = self.con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'ioe_schema'"
+        ).fetchone()
+        if not row or not row[0]:
+            return 0
+        got = self.con.execute("SELECT max(version) FROM ioe_schema").fetchone()
+        return int(got[0]) if got and got[0] is not None else 0
+
+    def _migrate(self) -> None:
+        with self._lock:
+            current = self.schema_version()
+            if current > SCHEMA_VERSION:
+                raise StoreError(
+                    f"store {self.path}: schema version {current} is newer than this IOE ({SCHEMA_VERSION})"
+                )
+            self.con.execute("CREATE TABLE IF NOT EXISTS ioe_schema (version INTEGER, applied_ns BIGINT)")
+            self.con.execute("CREATE TABLE IF NOT EXISTS ioe_state (key VARCHAR PRIMARY KEY, value BIGINT)")
+            if current == 0:
+                for table in TABLES.values():
+                    self.con.execute(table.ddl())
+                self._stamp(SCHEMA_VERSION)
+                return
+            for from_version, statements in MIGRATIONS:
+                if from_version >= current:
+                    for sql in statements:
+                        self.con.execute(sql)
+                    self._stamp(from_version + 1)
+            for table in TABLES.values():  # tables added since: created empty
+                self.con.execute(table.ddl())
+
+    def _stamp(self, version: int) -> None:
+        self.con.execute("INSERT INTO ioe_schema VALUES (?, ?)", [version, time.time_ns()])
+
+    # -- writes ---------------------------------------------------------------------------
+    def write(self, table: str, batch: pl.DataFrame | pa.Table) -> int:
+        """Insert ``batch`` into ``table``; returns the number of rows that were new."""
+        spec = TABLES.get(table)
+        if spec is None:
+            raise StoreError(f"store {self.path}: no table {table!r}")
+        if self.read_only:
+            raise StoreError(f"store {self.path}: opened read-only")
+        arrow = batch.to_arrow() if isinstance(batch, pl.DataFrame) else batch
+        if arrow.num_rows == 0:
+            return 0
+        missing = [c for c in spec.column_names if c not in arrow.column_names]
+        if missing:
+            raise StoreError(f"{table}: batch lacks columns {missing}")
+        cols = ", ".join(spec.column_names)
+        verb = "OR REPLACE" if table in REPLACE_TABLES else "OR IGNORE"
+        with self._lock:
+            cur = self.con.cursor()
+            try:
+                cur.register("_batch", arrow)
+                got = cur.execute(f"INSERT {verb} INTO {table} ({cols}) SELECT {cols} FROM _batch").fetchone()
+            finally:
+                cur.close()
+        return int(got[0]) if got else 0
+
+    @contextmanager
+    def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A cursor for reads (or analyzer work) that does not block the writer."""
+        cur = self.con.cursor()
+        try:
+            yield cur
+        finally:
+            cur.close()
+
+    def count(self, table: str) -> int:
+        with self.cursor() as cur:
+            row = cur.execute(f"SELECT count(*) FROM {TABLES[table].name}").fetchone()
+        return int(row[0]) if row else 0
+
+    def counts(self) -> dict[str, int]:
+        return {name: self.count(name) for name in TABLES}
+
+    # -- maintenance ----------------------------------------------------------------------
+    def maintain(self, now_ns: int | None = None, retention: Retention | None = None) -> dict[str, int]:
+        """Roll complete minutes up into ``*_1m`` and apply retention; returns rows touched.
+
+        The last two complete minutes are recomputed on every pass so late samples still land
+        in their rollup (``INSERT OR REPLACE`` on the minute's key).
+        """
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        retention = retention or Retention()
+        cutoff = now_ns - now_ns % NS_PER_MIN  # start of the current, incomplete minute
+        done: dict[str, int] = {}
+        with self._lock:
+            since = max(self._state("rollup_watermark_ns") - 2 * NS_PER_MIN, 0)
+            for name, sql in _ROLLUPS.items():
+                got = self.con.execute(sql, [since, cutoff]).fetchone()
+                done[name] = int(got[0]) if got else 0
+            self._set_state("rollup_watermark_ns", cutoff)
+            raw_before = min(now_ns - int(retention.raw_s * 1e9), cutoff)
+            for table in ("gpu_samples", "engine_samples", "histogram_buckets", "fabric_samples"):
+                done[f"deleted_{table}"] = self._delete_before(table, "ts_ns", raw_before)
+            roll_before = now_ns - int(retention.rollup_s * 1e9)
+            for table in ("gpu_samples_1m", "engine_samples_1m", "histogram_buckets_1m"):
+                done[f"deleted_{table}"] = self._delete_before(table, "minute_ns", roll_before)
+        return done
+
+    def _delete_before(self, table: str, column: str, before_ns: int) -> int:
+        got = self.con.execute(f"DELETE FROM {table} WHERE {column} < ?", [before_ns]).fetchone()
+        return int(got[0]) if got else 0
+
+    def _state(self, key: str) -> int:
+        row = self.con.execute("SELECT value FROM ioe_state WHERE key = ?", [key]).fetchone()
+        return int(row[0]) if row else 0
+
+    def _set_state(self, key: str, value: int) -> None:
+        self.con.execute("INSERT OR REPLACE INTO ioe_state VALUES (?, ?)", [key, value])
+
+    def checkpoint(self) -> None:
+        with self._lock:
+            self.con.execute("CHECKPOINT")
+
+    def close(self) -> None:
+        with self._lock:
+            self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_ENGINE_ID = "source, engine, model, dp_rank, tp_rank, pp_rank, ep_rank, concept, labels"
+_MINUTE = f"(ts_ns - ts_ns % {NS_PER_MIN})"
+_ROLLUPS: dict[str, str] = {
+    "gpu_samples_1m": f"""
+        INSERT OR REPLACE INTO gpu_samples_1m
+        SELECT {_MINUTE} AS minute_ns, host, any_value(gpu), uuid, metric, link,
+               count(*), min(value), max(value), avg(value), arg_max(value, ts_ns)
+        FROM gpu_samples WHERE ts_ns >= ? AND ts_ns < ?
+        GROUP BY ALL""",
+    "engine_samples_1m": f"""
+        INSERT OR REPLACE INTO engine_samples_1m
+        SELECT {_MINUTE} AS minute_ns, {_ENGINE_ID},
+               count(*), avg(value), max(value), arg_max(value, ts_ns), avg(rate_per_s)
+        FROM engine_samples WHERE ts_ns >= ? AND ts_ns < ?
+        GROUP BY ALL""",
+    "histogram_buckets_1m": f"""
+        INSERT OR REPLACE INTO histogram_buckets_1m
+        SELECT {_MINUTE} AS minute_ns, {_ENGINE_ID}, le, arg_max(cumulative_count, ts_ns)
+        FROM histogram_buckets WHERE ts_ns >= ? AND ts_ns < ?
+        GROUP BY ALL""",
+}
+
+
+class MemorySink:
+    """The in-memory twin of :class:`Store` for tests of sources: keeps every batch written."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[str, pl.DataFrame]] = []
+
+    def write(self, table: str, batch: pl.DataFrame | pa.Table) -> int:
+        frame = batch if isinstance(batch, pl.DataFrame) else pl.from_arrow(batch)
+        assert isinstance(frame, pl.DataFrame)
+        self.batches.append((table, frame))
+        return frame.height
+
+    def frame(self, table: str) -> pl.DataFrame:
+        parts = [f for t, f in self.batches if t == table]
+        return pl.concat(parts) if parts else pl.DataFrame()
+
+
+Writer = Callable[[str, pl.DataFrame], int]

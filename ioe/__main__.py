@@ -1,0 +1,3 @@
+from ioe.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Sub-commands of ``ioe``: one module each, each with ``register(app)``."""

@@ -1,0 +1,76 @@
+"""``ioe ingest`` (captured files → store) and ``ioe query`` (read-only SQL over a store)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from collector.formats import IngestContext
+from collector.ingest import ingest_paths
+from collector.store import Store
+from ioe.readonly import ReadOnlyQueryError, run_readonly_query
+
+
+def ingest(
+    paths: list[Path] = typer.Argument(..., help="Files or directories to import."),
+    store: Path = typer.Option(..., "--store", help="DuckDB store file (created if missing)."),
+    host: str = typer.Option("", "--host", help="Host name for inputs that do not carry one."),
+    ts: float = typer.Option(0.0, "--ts", help="Capture time (Unix seconds) for inputs without timestamps."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Import captured files (format detected from content) and print rows stored per table."""
+    ctx = IngestContext(ts_ns=int(ts * 1e9) if ts else time.time_ns(), host=host, source="ingest")
+    with Store(store) as st:
+        try:
+            report = ingest_paths(st, paths, ctx)
+        except FileNotFoundError as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(2) from exc
+    out = {
+        "rows": dict(report.rows),
+        "files": dict(report.files),
+        "problems": [str(p) for p in report.problems],
+        "unrecognized": report.unrecognized,
+    }
+    if as_json:
+        typer.echo(json.dumps(out, indent=2))
+    else:
+        for table, n in sorted(report.rows.items()):
+            typer.echo(f"{table:24s} {n:>10d} rows")
+        for fmt, n in sorted(report.files.items()):
+            typer.echo(f"format {fmt:17s} {n:>10d} files")
+        for p in report.problems:
+            typer.echo(f"refused: {p}", err=True)
+        for u in report.unrecognized:
+            typer.echo(f"unrecognized: {u}", err=True)
+    if not report.files:
+        raise typer.Exit(1)
+
+
+def query(
+    sql: str = typer.Argument(..., help="One read-only SQL statement."),
+    store: Path = typer.Option(..., "--store", help="DuckDB store file."),
+    fmt: str = typer.Option("csv", "--format", help="csv or json"),
+    limit: int = typer.Option(10_000, "--limit", help="Most rows returned."),
+) -> None:
+    """Run read-only SQL over a store and print the result as CSV or JSON."""
+    if fmt not in ("csv", "json"):
+        raise typer.BadParameter("--format must be csv or json")
+    try:
+        result = run_readonly_query(store, sql, max_rows=limit)
+    except ReadOnlyQueryError as exc:
+        typer.echo(f"query refused: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if fmt == "json":
+        typer.echo(json.dumps(result.to_dicts(), default=str))
+    else:
+        result.write_csv(sys.stdout)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("ingest")(ingest)
+    app.command("query")(query)

@@ -1,0 +1,194 @@
+"""The one settings object, built once at start-up.
+
+Precedence: command-line argument > ``IOE_*`` environment variable > config file > default.
+Nested fields are reached with ``__`` in the environment (``IOE_OTLP__GRPC_PORT=0``). Every
+value is validated, and a bad one raises :class:`SettingsError` naming the field and where the
+value came from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "IOE_"
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message names the field and its origin."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TargetSpec(_Model):
+    """One HTTP endpoint the sidecar scrapes."""
+
+    name: str = Field(min_length=1)
+    url: str = Field(pattern=r"^https?://")
+    kind: Literal["dcgm", "engine", "auto"] = "auto"
+    interval_s: float = Field(default=1.0, gt=0, le=3600)
+    timeout_s: float = Field(default=2.0, gt=0, le=600)
+    host: str = ""
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+
+
+class DeploymentSpec(_Model):
+    """A deployment as the operator declares it: model, GPU, layout, roles, nodes and fabric."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
+    model: str = ""
+    gpu_type: str = ""
+    engine: str = ""
+    tp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    dp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1)
+    roles: dict[str, int] = Field(default_factory=dict)
+    nodes: list[str] = Field(default_factory=list)
+    fabric: str = ""
+    targets: list[str] = Field(default_factory=list)
+    gpus: list[str] = Field(default_factory=list)
+    ttft_slo_s: float | None = Field(default=None, gt=0)
+    itl_slo_s: float | None = Field(default=None, gt=0)
+
+
+class OtlpSettings(_Model):
+    http_enabled: bool = True
+    grpc_port: int = Field(default=0, ge=0, le=65535)  # 0: no gRPC receiver
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+
+
+class NodeReaders(_Model):
+    nvml: bool = True
+    dcgm: bool = True
+    infiniband: bool = True
+    interval_s: float = Field(default=1.0, gt=0)
+    sysfs_infiniband: str = "/sys/class/infiniband"
+
+
+class Settings(_Model):
+    """Everything a command needs; built by :func:`load_settings`."""
+
+    store_path: str = "ioe.duckdb"
+    listen_host: str = "127.0.0.1"
+    listen_port: int = Field(default=9477, ge=0, le=65535)
+    host: str = Field(default_factory=lambda: os.uname().nodename)
+    targets: list[TargetSpec] = Field(default_factory=list)
+    deployments: list[DeploymentSpec] = Field(default_factory=list)
+    readers: NodeReaders = Field(default_factory=NodeReaders)
+    otlp: OtlpSettings = Field(default_factory=OtlpSettings)
+    nccl_inspector_dir: str = ""
+    raw_retention_s: float = Field(default=2 * 86400, gt=0)
+    rollup_retention_s: float = Field(default=30 * 86400, gt=0)
+    maintenance_interval_s: float = Field(default=60.0, gt=0)
+    flush_interval_s: float = Field(default=1.0, gt=0)
+    queue_max_batches: int = Field(default=256, gt=0)
+    auth_token: str = ""
+    auth_token_file: str = ""
+    require_token_for_reads: bool = False
+
+    @field_validator("targets")
+    @classmethod
+    def _unique_targets(cls, v: list[TargetSpec]) -> list[TargetSpec]:
+        names = [t.name for t in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"target names must be unique, repeated: {dup}")
+        return v
+
+    def token(self) -> str:
+        """The bearer token: the file's content when a file is named, else ``auth_token``."""
+        if self.auth_token_file:
+            return Path(self.auth_token_file).read_text().strip()
+        return self.auth_token
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML (``.yaml``/``.yml``) or TOML (``.toml``) config file into a mapping."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SettingsError(f"config file {p}: cannot read ({exc.strerror})") from exc
+    try:
+        data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise SettingsError(f"config file {p}: not valid {p.suffix.lstrip('.') or 'YAML'}: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {p}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``IOE_A__B=v`` → ``{"a": {"b": v}}``; values that parse as JSON are taken as JSON."""
+    out: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX) or key == "IOE_CONFIG":
+            continue
+        path = key[len(ENV_PREFIX) :].lower().split("__")
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = _env_value(raw)
+    return out
+
+
+def _env_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_settings(
+    config: str | Path | None = None,
+    *,
+    args: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Build the settings: defaults < config file < ``IOE_*`` environment < arguments.
+
+    ``args`` holds only the options the user actually gave (None values are ignored).
+    """
+    env = dict(os.environ if environ is None else environ)
+    config = config or env.get("IOE_CONFIG") or None
+    data: dict[str, Any] = read_config_file(config) if config else {}
+    data = _merge(data, env_overrides(env))
+    data = _merge(data, {k: v for k, v in (args or {}).items() if v is not None})
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc, config)) from exc
+
+
+def _describe(exc: ValidationError, config: str | Path | None) -> str:
+    parts = []
+    for err in exc.errors():
+        field = ".".join(str(x) for x in err["loc"]) or "(root)"
+        env_name = ENV_PREFIX + "__".join(str(x) for x in err["loc"] if isinstance(x, str)).upper()
+        parts.append(
+            f"{field}: {err['msg']} (got {err.get('input')!r}; set by arguments, {env_name} or config)"
+        )
+    origin = f" in {config}" if config else ""
+    return f"invalid settings{origin}: " + "; ".join(parts)

@@ -1,0 +1,45 @@
+"""Shared test helpers: fixture paths and the rule for system components.
+
+A test that needs a system component (promtool, chromium, PostgreSQL) calls
+:func:`require_component`: on a developer's machine a missing one skips the test, in CI
+(``CI=true``) it fails it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).resolve().parent / "data"
+SHARED_FIXTURES = ROOT.parent / "shared" / "fixtures"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def require_component(name: str, found: bool | str | None = None) -> str:
+    """Path of executable ``name`` (or the truthy ``found``); skip locally, fail in CI, if absent."""
+    got = found if found is not None else shutil.which(name)
+    if not got:
+        msg = f"system component {name!r} is not installed (run `make system-deps`)"
+        if in_ci():
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return str(got)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def data_dir() -> Path:
+    return DATA
