@@ -79,6 +79,11 @@ class Settings(_Model):
     """Everything a command needs; built by :func:`load_settings`."""
 
     store_path: str = "ioe.duckdb"
+    store_backend: Literal["duckdb", "ducklake"] = "duckdb"
+    lake_catalog_dsn: str = ""  # e.g. "dbname=ioe host=127.0.0.1 port=5432 user=ioe"
+    lake_data_path: str = ""  # local/shared directory, or s3://… where httpfs is deployed
+    lake_spool_dir: str = ""  # local spool for rows not yet committed to the lake
+    lake_commit_interval_s: float = Field(default=5.0, gt=0)
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(default=9477, ge=0, le=65535)
     host: str = Field(default_factory=lambda: os.uname().nodename)
