@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from collector.sink import Sink
 from collector.store import Store
@@ -31,6 +32,12 @@ def create_app(settings: Settings, store: Store, sink: Sink | None = None, **sta
     @app.get("/readyz", tags=["health"])
     def readyz() -> dict[str, Any]:
         return {"status": "ready", "schema_version": store.schema_version()}
+
+    @app.get("/metrics", tags=["metrics"], include_in_schema=False)
+    def metrics() -> Response:
+        registries = getattr(app.state, "registries", [])
+        body = b"".join(generate_latest(r) for r in registries)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     _include_routers(app)
     return app

@@ -1,0 +1,109 @@
+"""The sidecar's write path: a bounded queue in front of the store, drained by one thread.
+
+Sources never block on the store. ``QueueSink.write`` enqueues a batch and returns at once;
+when the queue is full it raises :class:`collector.sink.Overloaded` (receivers answer
+"retry later") or, through :meth:`QueueSink.offer`, drops the batch and counts it (scrapers).
+The writer thread coalesces what is queued per table and inserts each table once per flush.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import polars as pl
+import pyarrow as pa
+
+from collector.sink import Overloaded, Sink
+
+log = logging.getLogger(__name__)
+
+_STOP = ("", None)
+
+
+class QueueSink:
+    """Bounded batch queue; ``write`` raises ``Overloaded`` when full, ``offer`` drops and counts."""
+
+    def __init__(self, max_batches: int, on_drop: Callable[[str, int], None] | None = None):
+        self.queue: queue.Queue[tuple[str, pl.DataFrame | None]] = queue.Queue(maxsize=max_batches)
+        self._on_drop = on_drop or (lambda table, rows: None)
+
+    def write(self, table: str, batch: pl.DataFrame | pa.Table) -> int:
+        frame = batch if isinstance(batch, pl.DataFrame) else pl.DataFrame(pl.from_arrow(batch))
+        try:
+            self.queue.put_nowait((table, frame))
+        except queue.Full as exc:
+            raise Overloaded(f"write queue full ({self.queue.maxsize} batches)") from exc
+        return frame.height
+
+    def offer(self, table: str, batch: pl.DataFrame) -> bool:
+        """Enqueue or drop (counted); never raises for a full queue."""
+        try:
+            self.write(table, batch)
+        except Overloaded:
+            self._on_drop(table, batch.height)
+            return False
+        return True
+
+
+class WriterThread(threading.Thread):
+    """Drains a :class:`QueueSink` into the store every ``flush_interval_s``."""
+
+    def __init__(
+        self,
+        source: QueueSink,
+        store: Sink,
+        *,
+        flush_interval_s: float = 1.0,
+        on_stored: Callable[[str, int], None] | None = None,
+        on_error: Callable[[str, int, Exception], None] | None = None,
+    ):
+        super().__init__(name="ioe-writer", daemon=True)
+        self.source = source
+        self.store = store
+        self.flush_interval_s = flush_interval_s
+        self._on_stored = on_stored or (lambda t, n: None)
+        self._on_error = on_error or (lambda t, n, e: None)
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            deadline = time.monotonic() + self.flush_interval_s
+            pending = self._collect(deadline)
+            self._flush(pending)
+        self._flush(self._collect(time.monotonic()))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        with contextlib.suppress(queue.Full):  # a full queue wakes the thread anyway
+            self.source.queue.put_nowait(_STOP)
+        self.join(timeout)
+
+    def _collect(self, deadline: float) -> dict[str, list[pl.DataFrame]]:
+        pending: dict[str, list[pl.DataFrame]] = defaultdict(list)
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining > 0:
+                    item = self.source.queue.get(timeout=remaining)
+                else:
+                    item = self.source.queue.get_nowait()
+            except queue.Empty:
+                return pending
+            table, frame = item
+            if frame is not None:  # None is the stop sentinel: it only wakes the thread
+                pending[table].append(frame)
+
+    def _flush(self, pending: dict[str, list[pl.DataFrame]]) -> None:
+        for table, frames in pending.items():
+            batch = pl.concat(frames, how="vertical_relaxed") if len(frames) > 1 else frames[0]
+            try:
+                self._on_stored(table, self.store.write(table, batch))
+            except Exception as exc:  # one bad batch must not stop the writer
+                log.exception("store write to %s failed (%d rows dropped)", table, batch.height)
+                self._on_error(table, batch.height, exc)

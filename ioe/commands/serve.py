@@ -1,0 +1,48 @@
+"""``ioe serve``: the API and the page over a store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ioe.settings import SettingsError, load_settings
+
+
+def serve(
+    store: str | None = typer.Option(None, "--store", help="Store file (overrides store_path)."),
+    config: Path | None = typer.Option(None, "--config", help="YAML or TOML config file."),
+    port: int | None = typer.Option(None, "--port", help="Listen port."),
+    host: str | None = typer.Option(None, "--listen", help="Listen address (default 127.0.0.1)."),
+) -> None:
+    """Serve the REST API, OTLP/HTTP ingest, /metrics of verdicts and the page over a store."""
+    import uvicorn
+
+    from api.app import create_app
+    from collector.agent import open_store
+
+    try:
+        settings = load_settings(config, args={"store_path": store, "listen_port": port, "listen_host": host})
+    except SettingsError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    st = open_store(settings)
+    app = create_app(settings, st)
+    typer.echo(
+        f"ioe serve: store {settings.store_path} on http://{settings.listen_host}:{settings.listen_port}",
+        err=True,
+    )
+    try:
+        uvicorn.run(
+            app,
+            host=settings.listen_host,
+            port=settings.listen_port,
+            log_level="warning",
+            timeout_graceful_shutdown=2,
+        )
+    finally:
+        st.close()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
