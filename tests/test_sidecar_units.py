@@ -78,7 +78,7 @@ def test_fetch_deadline_body_cap_and_status() -> None:
     async def go() -> None:
         async with httpx.AsyncClient() as c:
             assert await fetch(c, "ok", srv.url("/ok"), 2, 1000) == "up 1\n"
-            with pytest.raises(ScrapeError, match="within 0.5 s"):
+            with pytest.raises(ScrapeError, match=r"within 0\.5 s"):
                 await fetch(c, "hang", srv.url("/hang"), 0.5, 1000)
             with pytest.raises(ScrapeError, match="exceeds 1000 bytes"):
                 await fetch(c, "big", srv.url("/big"), 2, 1000)
