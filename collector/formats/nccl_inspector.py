@@ -1,0 +1,347 @@
+"""NCCL Inspector output → ``collective_records`` rows (REFERENCE §3).
+
+Two shapes are read, both pure (text in, :class:`Parsed` out):
+
+* **JSONL** (``<dir>/<hostname>-pid<pid>.log``): one JSON object per line, ``header`` +
+  ``metadata`` + one of ``coll_perf`` / ``p2p_perf`` / ``dump_stats``. Verbose dumps add
+  ``event_trace_ts`` (epoch µs) inside the perf object.
+* **Prometheus textfile** (``NCCL_INSPECTOR_PROM_DUMP=1``): gauges
+  ``nccl_collective_exec_time_microseconds``, ``nccl_collective_bus_bandwidth_gbs`` /
+  ``nccl_bus_bandwidth_gbs``, ``nccl_algorithm_bandwidth_gbs`` and ``nccl_p2p_*``.
+
+Rules for a JSONL line:
+
+1. A blank line is skipped silently.
+2. A line that is not a JSON object, lacks ``header.id`` (a non-empty string) or
+   ``header.rank`` (an integer), or whose perf fields have the wrong JSON type, is a
+   :class:`Problem` at ``<source>:<line>`` quoting the line; the other lines are kept.
+3. A ``dump_stats`` line (a per-dump marker the Inspector writes before the records) and a line
+   with no perf object carry no collective: they are skipped, not refused.
+4. ``coll_perf`` → ``kind='coll'``, ``coll_sn`` from ``coll_sn``; ``p2p_perf`` →
+   ``kind='p2p'``, ``coll_sn`` from ``p2p_sn`` and ``peer`` from ``p2p_peer``. The cross-rank
+   join key is ``(comm_id, coll_sn)``; ``origin`` is ``'inspector'``.
+5. ``exec_us`` is the Inspector's ``*_exec_time_us`` unchanged: the longest channel's GPU kernel
+   time, so it **includes waiting for late ranks**.
+6. Verbose ``event_trace_ts``: ``start_us``/``stop_us`` from ``coll_start_ts``/``coll_stop_ts``
+   (or ``p2p_*``), and ``kernel_events`` keeps the per-channel list as JSON text.
+
+Prometheus textfile mapping (the choice made here):
+
+7. One row per label set (metric name aside): the exec-time and bandwidth gauges that share
+   labels are merged into that row. ``origin='inspector-prom'``.
+8. When the series carries ``comm_id`` and ``coll_sn`` labels (the Inspector's own textfile),
+   the row is that exact collective and joins with JSONL rows on ``(comm_id, coll_sn)``.
+9. Without ``coll_sn`` the series is an aggregate of one (communicator, op, size, algo/proto):
+   ``coll_sn = -1`` and ``comm_id`` is a series id ``prom:<comm>|<op>|<size>|<algo_proto>``
+   so distinct series never collide; ``comm_name`` keeps the communicator's name and
+   ``dump_ts_us`` the snapshot time. The store keeps the first snapshot of each such series
+   (a limit: the textfile has no sequence number to tell snapshots apart).
+
+Known limits: this parser trusts ``n_ranks``/``nnodes`` as written; it does not check
+``*_busbw_gbs`` against the algorithm factor (nccl-tests rows are checked in
+:mod:`collector.formats.nccl_tests`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from collector.errors import ParseError, Problem
+from collector.formats import FileFormat, IngestContext, Parsed
+from collector.records import frame
+
+TABLE = "collective_records"
+ORIGIN = "inspector"
+PROM_ORIGIN = "inspector-prom"
+
+_PERF_KEYS = (("coll_perf", "coll", "coll"), ("p2p_perf", "p2p", "p2p"))
+
+
+# -- JSONL -----------------------------------------------------------------------------------
+def parse_jsonl(text: str, source: str = "", first_line: int = 1) -> Parsed:
+    """Parse Inspector JSONL ``text``; line numbers in problems start at ``first_line``.
+
+    Input: ``'{"header":…,"metadata":…,"coll_perf":…}\\n…'``; output: ``Parsed`` with one
+    ``collective_records`` frame (one row per collective or P2P record) and a Problem per refused
+    line (docstring rules 1–3).
+    """
+    rows: list[dict[str, Any]] = []
+    problems: list[Problem] = []
+    for offset, line in enumerate(text.splitlines()):
+        if not line.strip():
+            continue
+        location = f"{source}:{first_line + offset}" if source else f"line {first_line + offset}"
+        try:
+            row = parse_record(line)
+        except ParseError as exc:
+            problems.append(Problem(location, str(exc)))
+            continue
+        if row is not None:
+            rows.append(row)
+    parsed = Parsed(problems=problems)
+    if rows:
+        parsed.add(TABLE, frame(TABLE, rows))
+    return parsed
+
+
+def parse_record(line: str, location: str = "") -> dict[str, Any] | None:
+    """One JSONL line → one row dict, or ``None`` for a line that holds no collective (rule 3)."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ParseError(f"not JSON ({exc.msg})", location=location, snippet=line) from None
+    if not isinstance(obj, dict):
+        raise ParseError("not a JSON object", location=location, snippet=line)
+    header = _section(obj, "header", line, location, required=True)
+    meta = _section(obj, "metadata", line, location, required=False)
+    for key, prefix, kind in _PERF_KEYS:
+        if key in obj:
+            perf = _section(obj, key, line, location, required=True)
+            row = _identity(header, meta, line, location)
+            row.update(_perf(perf, prefix, kind, line, location))
+            return row
+    return None
+
+
+def _section(obj: dict[str, Any], key: str, line: str, loc: str, *, required: bool) -> dict[str, Any]:
+    value = obj.get(key)
+    if value is None and not required:
+        return {}
+    if not isinstance(value, dict):
+        raise ParseError(f"{key!r} must be a JSON object", location=loc, snippet=line)
+    return value
+
+
+def _identity(header: dict[str, Any], meta: dict[str, Any], line: str, loc: str) -> dict[str, Any]:
+    comm_id = header.get("id")
+    if not isinstance(comm_id, str) or not comm_id:
+        raise ParseError("header.id (communicator hash) missing or not a string", location=loc, snippet=line)
+    return {
+        "origin": ORIGIN,
+        "comm_id": comm_id,
+        "rank": _int(header, "rank", "header.", line, loc, required=True),
+        "comm_name": _str(header, "comm_name", "header.", line, loc),
+        "n_ranks": _int(header, "n_ranks", "header.", line, loc),
+        "nnodes": _int(header, "nnodes", "header.", line, loc),
+        "host": _str(meta, "hostname", "metadata.", line, loc),
+        "pid": _int(meta, "pid", "metadata.", line, loc),
+        "dump_ts_us": _num(meta, "dump_timestamp_us", "metadata.", line, loc),
+    }
+
+
+def _perf(perf: dict[str, Any], p: str, kind: str, line: str, loc: str) -> dict[str, Any]:
+    where = f"{p}_perf."
+    row: dict[str, Any] = {
+        "kind": kind,
+        "op": _str(perf, p, where, line, loc, required=True),
+        "coll_sn": _int(perf, f"{p}_sn", where, line, loc, required=True),
+        "msg_bytes": _int(perf, f"{p}_msg_size_bytes", where, line, loc),
+        "exec_us": _num(perf, f"{p}_exec_time_us", where, line, loc),
+        "timing_source": _str(perf, f"{p}_timing_source", where, line, loc),
+        "algbw_gbs": _num(perf, f"{p}_algobw_gbs", where, line, loc),
+        "busbw_gbs": _num(perf, f"{p}_busbw_gbs", where, line, loc),
+        "peer": _int(perf, "p2p_peer", where, line, loc) if kind == "p2p" else None,
+    }
+    trace = perf.get("event_trace_ts")
+    if trace is not None:
+        if not isinstance(trace, dict):
+            raise ParseError(f"{where}event_trace_ts must be an object", location=loc, snippet=line)
+        row["start_us"] = _num(trace, f"{p}_start_ts", where + "event_trace_ts.", line, loc)
+        row["stop_us"] = _num(trace, f"{p}_stop_ts", where + "event_trace_ts.", line, loc)
+        events = trace.get("kernel_events")
+        if events is not None and not isinstance(events, list):
+            raise ParseError(f"{where}event_trace_ts.kernel_events: not a list", location=loc, snippet=line)
+        row["kernel_events"] = json.dumps(events, separators=(",", ":")) if events is not None else None
+    return row
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value)[:120] if value is not None else "missing"
+
+
+def _int(
+    d: dict[str, Any], key: str, where: str, line: str, loc: str, *, required: bool = False
+) -> int | None:
+    value = d.get(key)
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ParseError(f"{where}{key} must be an integer", location=loc, snippet=_json(value))
+    return value
+
+
+def _num(d: dict[str, Any], key: str, where: str, line: str, loc: str) -> float | None:
+    value = d.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ParseError(f"{where}{key} must be a finite number", location=loc, snippet=_json(value))
+    return float(value)
+
+
+def _str(
+    d: dict[str, Any], key: str, where: str, line: str, loc: str, *, required: bool = False
+) -> str | None:
+    value = d.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise ParseError(f"{where}{key} must be a string", location=loc, snippet=_json(value))
+    return value
+
+
+# -- Prometheus textfile -------------------------------------------------------------------
+_SAMPLE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\d+)?\s*$"
+)
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
+
+# metric name -> (kind, row column)
+PROM_METRICS: dict[str, tuple[str, str]] = {
+    "nccl_collective_exec_time_microseconds": ("coll", "exec_us"),
+    "nccl_collective_bus_bandwidth_gbs": ("coll", "busbw_gbs"),
+    "nccl_collective_algorithm_bandwidth_gbs": ("coll", "algbw_gbs"),
+    "nccl_bus_bandwidth_gbs": ("coll", "busbw_gbs"),
+    "nccl_algorithm_bandwidth_gbs": ("coll", "algbw_gbs"),
+    "nccl_p2p_exec_time_microseconds": ("p2p", "exec_us"),
+    "nccl_p2p_bus_bandwidth_gbs": ("p2p", "busbw_gbs"),
+    "nccl_p2p_algorithm_bandwidth_gbs": ("p2p", "algbw_gbs"),
+}
+# labels that say which series a sample belongs to but are not the series' identity
+_VOLATILE_LABELS = frozenset({"timestamp"})
+
+
+def parse_prom(text: str, source: str = "", snapshot_us: float | None = None) -> Parsed:
+    """Parse an Inspector Prometheus textfile into ``collective_records`` (docstring rules 7–9).
+
+    Comment lines and metrics not in :data:`PROM_METRICS` are ignored; a malformed sample line
+    or a non-numeric value is a Problem at ``<source>:<line>``.
+    """
+    series: dict[tuple[str, tuple[tuple[str, str], ...]], dict[str, Any]] = {}
+    problems: list[Problem] = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        location = f"{source}:{n}" if source else f"line {n}"
+        try:
+            name, labels, value = _prom_sample(line)
+        except ParseError as exc:
+            problems.append(Problem(location, str(exc)))
+            continue
+        if name not in PROM_METRICS:
+            continue
+        kind, column = PROM_METRICS[name]
+        ident = tuple(sorted((k, v) for k, v in labels.items() if k not in _VOLATILE_LABELS))
+        row = series.setdefault((kind, ident), _prom_row(kind, labels, snapshot_us))
+        row[column] = value
+    parsed = Parsed(problems=problems)
+    if series:
+        parsed.add(TABLE, frame(TABLE, list(series.values())))
+    return parsed
+
+
+def _prom_sample(line: str, location: str = "") -> tuple[str, dict[str, str], float]:
+    m = _SAMPLE.match(line.strip())
+    if m is None:
+        raise ParseError("not a Prometheus sample line", location=location, snippet=line)
+    labels: dict[str, str] = {}
+    raw = m.group("labels") or ""
+    pos = 0
+    while pos < len(raw):
+        lm = _LABEL.match(raw, pos)
+        if lm is None:
+            raise ParseError("malformed label set", location=location, snippet=line)
+        labels[lm.group(1)] = lm.group(2).replace('\\"', '"').replace("\\\\", "\\")
+        pos = lm.end()
+    try:
+        value = float(m.group("value"))
+    except ValueError:
+        raise ParseError("sample value is not a number", location=location, snippet=line) from None
+    return m.group("name"), labels, value
+
+
+def _prom_row(kind: str, labels: dict[str, str], snapshot_us: float | None) -> dict[str, Any]:
+    op = labels.get("collective") or labels.get("p2p") or labels.get("op") or ""
+    comm_name = labels.get("comm_name") or ""
+    sn = _label_int(labels, "coll_sn") if kind == "coll" else _label_int(labels, "p2p_sn")
+    if sn is None:
+        sn = _label_int(labels, "coll_sn")
+    comm_id = labels.get("comm_id", "")
+    if sn is None or not comm_id:
+        size, algo = labels.get("message_size", ""), labels.get("algo_proto", "")
+        comm_id = f"prom:{comm_id or comm_name}|{op}|{size}|{algo}"
+        sn = -1
+    return {
+        "origin": PROM_ORIGIN,
+        "comm_id": comm_id,
+        "coll_sn": sn,
+        "rank": rank if (rank := _label_int(labels, "rank")) is not None else -1,
+        "kind": kind,
+        "comm_name": comm_name or None,
+        "n_ranks": _label_int(labels, "nranks"),
+        "nnodes": _label_int(labels, "n_nodes") or _label_int(labels, "nnodes"),
+        "host": labels.get("hostname") or labels.get("node") or None,
+        "op": op or None,
+        "peer": _label_int(labels, "peer"),
+        "timing_source": labels.get("algo_proto") or None,
+        "dump_ts_us": snapshot_us,
+    }
+
+
+def _label_int(labels: dict[str, str], key: str) -> int | None:
+    try:
+        return int(labels[key])
+    except (KeyError, ValueError):
+        return None
+
+
+# -- file formats ---------------------------------------------------------------------------
+def _first_line(head: bytes) -> bytes:
+    for line in head.splitlines():
+        if line.strip():
+            return line.strip()
+    return b""
+
+
+def sniff_jsonl(name: str, head: bytes) -> bool:
+    """An Inspector dump: ``*.log``/``*.jsonl`` whose first line is an object with ``header``."""
+    first = _first_line(head)
+    return (
+        name.endswith((".log", ".jsonl", ".log.gz", ".jsonl.gz"))
+        and first.startswith(b"{")
+        and b'"header"' in first
+        and any(k in first for k in (b'"coll_perf"', b'"p2p_perf"', b'"dump_stats"', b'"metadata"'))
+    )
+
+
+def sniff_prom(name: str, head: bytes) -> bool:
+    """An Inspector textfile: names one of :data:`PROM_METRICS` at the start of a line."""
+    return any(re.search(rb"(?m)^" + m.encode() + rb"[{\s]", head) for m in PROM_METRICS)
+
+
+def _read_text(path: Path) -> str:
+    with path.open("rb") as fh:
+        magic = fh.read(2)
+    raw = gzip.decompress(path.read_bytes()) if magic == b"\x1f\x8b" else path.read_bytes()
+    return raw.decode("utf-8", "replace")
+
+
+def load_jsonl(path: Path, ctx: IngestContext) -> Parsed:
+    return parse_jsonl(_read_text(path), str(path))
+
+
+def load_prom(path: Path, ctx: IngestContext) -> Parsed:
+    return parse_prom(_read_text(path), str(path), snapshot_us=path.stat().st_mtime_ns / 1000)
+
+
+FILE_FORMATS = [
+    FileFormat("nccl-inspector-jsonl", sniff_jsonl, load_jsonl, priority=40),
+    FileFormat("nccl-inspector-prom", sniff_prom, load_prom, priority=40),
+]
+
+__all__ = ["FILE_FORMATS", "parse_jsonl", "parse_prom", "parse_record"]
