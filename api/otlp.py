@@ -1,0 +1,182 @@
+"""OTLP/HTTP trace receiver: ``POST /v1/traces`` → ``request_spans`` rows through the sink.
+
+Rules (OTLP specification, REFERENCE §2 "OTLP/HTTP receiver rules"):
+  1. Auth first (:mod:`api.auth`): 401 without the configured bearer token.
+  2. ``Content-Type`` ``application/x-protobuf`` (or ``application/protobuf``) or
+     ``application/json``; anything else → 415. Replies use the request's content type
+     (JSON when it was unsupported).
+  3. ``Content-Encoding`` ``gzip`` or ``identity``/none; another coding → 415.
+  4. The body, after decompression, may be at most ``settings.otlp.max_body_bytes``; past it
+     → 413. Decompression streams with a bounded output, so a gzip bomb costs at most the cap.
+  5. A body that is not a request (bad protobuf, bad JSON, truncated or corrupt gzip) → 400.
+  6. Success → 200 with an empty ``ExportTraceServiceResponse`` (also for an empty request).
+  7. Some spans refused (see :mod:`collector.formats.otlp_spans`) → 200 with
+     ``partial_success{rejected_spans, error_message}``; the good spans are kept and the
+     refused ones are recorded in ``ingest_errors``.
+  8. The sink raises :class:`~collector.sink.Overloaded` → 503 with ``Retry-After``, so the
+     exporter retries; rows are de-duplicated on (trace_id, span_id) when it does.
+  9. Error bodies are ``google.rpc.Status`` in the reply content type.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from google.rpc import code_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from starlette.concurrency import run_in_threadpool
+
+from api.auth import token_problem
+from collector.errors import ParseError
+from collector.formats.otlp_spans import SpanRows, decode_json, decode_protobuf, request_rows
+from collector.sink import Overloaded, Sink
+from collector.sources.otlp_grpc import write_rows
+
+log = logging.getLogger(__name__)
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+_MEDIA = {PROTOBUF: PROTOBUF, "application/protobuf": PROTOBUF, JSON: JSON}
+RETRY_AFTER_S = 1
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+
+
+class BodyError(Exception):
+    """The body cannot be read: ``status`` is the HTTP answer, the message says why."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+router = APIRouter(tags=["otlp"])
+
+_STATUS_DOC = "A `google.rpc.Status` in the request's content type."
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "ExportTraceServiceResponse; `partialSuccess` when some spans were refused."},
+    400: {"description": f"Not an ExportTraceServiceRequest. {_STATUS_DOC}"},
+    401: {"description": f"Missing or wrong bearer token. {_STATUS_DOC}"},
+    413: {"description": f"Body larger than otlp.max_body_bytes after decompression. {_STATUS_DOC}"},
+    415: {"description": "Content-Type or Content-Encoding not supported."},
+    503: {"description": f"Store overloaded: retry after `Retry-After` seconds. {_STATUS_DOC}"},
+}
+_BODY_DOC = {
+    "requestBody": {
+        "required": True,
+        "content": {PROTOBUF: {"schema": {"type": "string", "format": "binary"}}, JSON: {"schema": {}}},
+    }
+}
+
+
+@router.post(
+    "/v1/traces",
+    summary="OTLP/HTTP trace export",
+    description="Receives engine request spans (vLLM, SGLang, TensorRT-LLM) as OTLP; see module docs.",
+    responses=_RESPONSES,
+    openapi_extra=_BODY_DOC,
+    response_class=Response,
+)
+async def export_traces(request: Request) -> Response:
+    media = _MEDIA.get(request.headers.get("content-type", "").split(";")[0].strip().lower())
+    problem = token_problem(request)
+    if problem is not None:
+        headers = {"WWW-Authenticate": "Bearer"} if problem[0] == 401 else None
+        code = code_pb2.UNAUTHENTICATED if problem[0] == 401 else code_pb2.UNAVAILABLE
+        return status_response(problem[0], code, problem[1], media or JSON, headers)
+    if media is None:
+        got = request.headers.get("content-type", "")
+        return status_response(415, code_pb2.INVALID_ARGUMENT, f"unsupported Content-Type {got!r}", JSON)
+    try:
+        body = await read_body(request, request.app.state.settings.otlp.max_body_bytes)
+    except BodyError as exc:
+        return status_response(exc.status, _code_for(exc.status), str(exc), media)
+    return await run_in_threadpool(ingest, request.app.state.sink, body, media)
+
+
+def ingest(sink: Sink, body: bytes, media: str) -> Response:
+    """Decode, write and answer (rules 5–8); runs in a worker thread."""
+    try:
+        if media == JSON:
+            req, refused = decode_json(body)
+        else:
+            req, refused = decode_protobuf(body), []
+    except ParseError as exc:
+        return status_response(400, code_pb2.INVALID_ARGUMENT, str(exc), media)
+    rows = request_rows(req)
+    rows.rejected[:0] = refused
+    try:
+        write_rows(sink, rows, source="otlp-http")
+    except Overloaded as exc:
+        msg = f"store overloaded, retry later ({exc})"
+        return status_response(503, code_pb2.UNAVAILABLE, msg, media, {"Retry-After": str(RETRY_AFTER_S)})
+    return message_response(200, export_response(rows), media)
+
+
+def export_response(rows: SpanRows) -> ExportTraceServiceResponse:
+    """Empty on full success; ``partial_success`` when spans were refused."""
+    resp = ExportTraceServiceResponse()
+    if rows.rejected:
+        resp.partial_success.rejected_spans = len(rows.rejected)
+        resp.partial_success.error_message = rows.error_message()
+    return resp
+
+
+async def read_body(request: Request, cap: int) -> bytes:
+    """The body, gunzipped when ``Content-Encoding: gzip``, never more than ``cap`` bytes."""
+    coding = request.headers.get("content-encoding", "identity").strip().lower()
+    if coding not in ("", "identity", "gzip"):
+        raise BodyError(415, f"unsupported Content-Encoding {coding!r} (use gzip or none)")
+    inflater = zlib.decompressobj(_GZIP_WBITS) if coding == "gzip" else None
+    out = bytearray()
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > cap:
+            raise BodyError(413, f"body exceeds {cap} bytes")
+        out += _inflate(inflater, chunk, cap - len(out)) if inflater else chunk
+        if len(out) > cap:
+            raise BodyError(413, f"body exceeds {cap} bytes")
+    if inflater is not None and received and not inflater.eof:
+        raise BodyError(400, f"gzip stream truncated after {received} bytes")
+    if inflater is not None and inflater.unused_data:
+        raise BodyError(400, "data after the end of the gzip stream")
+    return bytes(out)
+
+
+def _inflate(inflater: Any, chunk: bytes, room: int) -> bytes:
+    """At most ``room + 1`` bytes of output: one byte past the cap is enough to refuse."""
+    try:
+        data: bytes = inflater.decompress(chunk, room + 1)
+    except zlib.error as exc:
+        raise BodyError(400, f"corrupt gzip body ({exc})") from exc
+    if inflater.unconsumed_tail:  # output was cut at room + 1: past the cap
+        raise BodyError(413, "body exceeds the size cap after decompression")
+    return data
+
+
+def _code_for(status: int) -> int:
+    return {413: code_pb2.RESOURCE_EXHAUSTED, 415: code_pb2.INVALID_ARGUMENT}.get(
+        status, code_pb2.INVALID_ARGUMENT
+    )
+
+
+def status_response(
+    http_status: int, code: int, message: str, media: str, headers: dict[str, str] | None = None
+) -> Response:
+    """A ``google.rpc.Status`` error body (rule 9)."""
+    return message_response(http_status, status_pb2.Status(code=code, message=message), media, headers)
+
+
+def message_response(
+    http_status: int, message: Message, media: str, headers: dict[str, str] | None = None
+) -> Response:
+    if media == JSON:
+        content = json_format.MessageToJson(message, indent=None).encode()
+    else:
+        content = message.SerializeToString()
+    return Response(content=content, status_code=http_status, media_type=media, headers=headers)
