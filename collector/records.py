@@ -222,8 +222,9 @@ COLLECTIVE_RECORDS = _t(
 
 KERNEL_EVENTS = _t(
     "kernel_events",
-    "GPU kernels from a Kineto trace after HTA's preprocessing rules (µs, rounded inward).",
-    ("trace_set", "rank", "stream", "correlation", "ts_us"),
+    "GPU events (stream != -1) of a Kineto trace after HTA 0.5's preprocessing (µs, rounded inward); "
+    "kept / kept_with_last say whether HTA keeps it without / with the last ProfilerStep.",
+    ("trace_set", "rank", "stream", "correlation", "ts_us", "name"),
     ("trace_set", "VARCHAR"),
     ("rank", "INTEGER"),
     ("stream", "BIGINT"),
@@ -233,8 +234,11 @@ KERNEL_EVENTS = _t(
     ("name", "VARCHAR"),
     ("cat", "VARCHAR"),
     ("is_comm", "BOOLEAN"),
+    ("kernel_type", "VARCHAR"),  # COMMUNICATION | MEMORY | COMPUTATION | OTHER (HTA's rules)
     ("iteration", "BIGINT"),  # ProfilerStep number of the launching CPU op, -1 if none
     ("last_step", "BOOLEAN"),
+    ("kept", "BOOLEAN"),  # survives HTA's default filter (last ProfilerStep dropped)
+    ("kept_with_last", "BOOLEAN"),  # survives with include_last_profiler_step=True
 )
 
 NCCL_BASELINES = _t(
