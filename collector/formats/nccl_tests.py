@@ -198,7 +198,8 @@ def parse_json(text: str, source: str = "", ts_ns: int = 0) -> Parsed:
         return Parsed(problems=[Problem(source or "json", "no 'results' list: not an nccl-tests -J report")])
     args = doc.get("args") or [""]
     op = op_name(str(args[0]))
-    config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+    raw_config = doc.get("config")
+    config: dict[str, Any] = raw_config if isinstance(raw_config, dict) else {}
     n = _json_gpus(config)
     host = _json_host(config)
     rows, problems = [], []
@@ -223,7 +224,8 @@ def _json_gpus(config: dict[str, Any]) -> int:
 
 
 def _json_host(config: dict[str, Any]) -> str:
-    devices = config.get("devices") if isinstance(config.get("devices"), list) else []
+    raw = config.get("devices")
+    devices: list[Any] = raw if isinstance(raw, list) else []
     hosts = {d.get("hostname") for d in devices if isinstance(d, dict)}
     return str(hosts.pop()) if len(hosts) == 1 else ""
 
