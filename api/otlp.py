@@ -140,7 +140,7 @@ async def read_body(request: Request, cap: int) -> bytes:
             raise BodyError(413, f"body exceeds {cap} bytes")
         out += _inflate(inflater, chunk, cap - len(out)) if inflater else chunk
         if len(out) > cap:
-            raise BodyError(413, f"body exceeds {cap} bytes")
+            raise BodyError(413, f"body exceeds {cap} bytes after decompression")  # gzip only
     if inflater is not None and received and not inflater.eof:
         raise BodyError(400, f"gzip stream truncated after {received} bytes")
     if inflater is not None and inflater.unused_data:
@@ -149,13 +149,11 @@ async def read_body(request: Request, cap: int) -> bytes:
 
 
 def _inflate(inflater: Any, chunk: bytes, room: int) -> bytes:
-    """At most ``room + 1`` bytes of output: one byte past the cap is enough to refuse."""
+    """At most ``room + 1`` bytes of output (the rest stays unread): one past the cap refuses."""
     try:
         data: bytes = inflater.decompress(chunk, room + 1)
     except zlib.error as exc:
         raise BodyError(400, f"corrupt gzip body ({exc})") from exc
-    if inflater.unconsumed_tail:  # output was cut at room + 1: past the cap
-        raise BodyError(413, "body exceeds the size cap after decompression")
     return data
 
 

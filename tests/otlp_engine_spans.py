@@ -44,7 +44,9 @@ class SeededIds(IdGenerator):
 
 def _tracer(service: str, scope: str, seed: int) -> tuple[trace.Tracer, InMemorySpanExporter]:
     memory = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.name": service}), id_generator=SeededIds(seed))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service}), id_generator=SeededIds(seed)
+    )
     provider.add_span_processor(SimpleSpanProcessor(memory))
     return provider.get_tracer(scope), memory
 
@@ -70,7 +72,9 @@ def vllm_spans(n: int, *, seed: int = 1, service: str = "vllm") -> list[Readable
             "gen_ai.latency.time_in_model_decode": 0.440,
             "gen_ai.latency.time_in_model_inference": 0.480,
         }
-        span = tracer.start_span("llm_request", kind=trace.SpanKind.SERVER, start_time=start, attributes=attrs)
+        span = tracer.start_span(
+            "llm_request", kind=trace.SpanKind.SERVER, start_time=start, attributes=attrs
+        )
         span.end(end_time=start + 500 * MS)
     return list(memory.get_finished_spans())
 
@@ -84,11 +88,19 @@ def sglang_spans(n: int, *, seed: int = 2, role: str = "prefill") -> list[Readab
     tracer, memory = _tracer("sglang", "sglang server", seed)
     for i in range(n):
         t = T0_NS + i * 10 * MS
-        room = tracer.start_span(f"Bootstrap Room {hex(i)}", start_time=t, attributes={"bootstrap_room": hex(i)})
+        room = tracer.start_span(
+            f"Bootstrap Room {hex(i)}", start_time=t, attributes={"bootstrap_room": hex(i)}
+        )
         rid = f"{i:08x}deadbeef"
         ctx = trace.set_span_in_context(room)
         root = tracer.start_span(f"{role} Req {rid[:8]}", start_time=t, context=ctx, attributes={"rid": rid})
-        thread_attrs = {"thread_label": "Scheduler", "tp_rank": 0, "dp_rank": 1, "pid": 4242, "host_id": "abc"}
+        thread_attrs = {
+            "thread_label": "Scheduler",
+            "tp_rank": 0,
+            "dp_rank": 1,
+            "pid": 4242,
+            "host_id": "abc",
+        }
         thread = tracer.start_span(
             "Scheduler [TP 0] (host:abc | pid:4242)",
             start_time=t,
@@ -132,7 +144,9 @@ def trtllm_spans(n: int, *, seed: int = 3) -> list[ReadableSpan]:
         }
         if i % 2 == 0:
             attrs["gen_ai.latency.kv_cache_transfer_time"] = 0.012
-        span = tracer.start_span("llm_request", kind=trace.SpanKind.SERVER, start_time=start, attributes=attrs)
+        span = tracer.start_span(
+            "llm_request", kind=trace.SpanKind.SERVER, start_time=start, attributes=attrs
+        )
         span.add_event("kv_cache_transfer_start", timestamp=start + 100 * MS)
         span.add_event("kv_cache_transfer_end", timestamp=start + 115 * MS)
         span.end(end_time=start + 1500 * MS)
