@@ -1,0 +1,428 @@
+"""Prometheus text exposition (0.0.4) and OpenMetrics 1.0, parsed into plain samples.
+
+``parse(text)`` returns every good sample of a body together with the refused lines, so a
+scrape with one broken line keeps the rest. It is pure (no I/O, no state between calls) and
+is differential-tested against prometheus_client's own parsers on every fixture.
+
+Rules (numbered so that errors and tests can point at them):
+
+1. A body longer than ``max_chars`` characters (default :data:`MAX_BODY_CHARS`, 16 MiB) is
+   refused whole with :class:`~collector.errors.ParseError`; nothing is parsed.
+2. The dialect is OpenMetrics when ``openmetrics=True`` or, when not given, when the last
+   non-blank line is ``# EOF``. OpenMetrics timestamps are seconds and are converted to ms;
+   0.0.4 timestamps are already ms. Exemplars (``# {...} v [ts]`` after an OpenMetrics value)
+   are dropped; in 0.0.4 text they make the line bad.
+3. A sample line is ``name[{labels}] value [timestamp]``. Names match
+   ``[a-zA-Z_:][a-zA-Z0-9_:]*``, label names ``[a-zA-Z_][a-zA-Z0-9_]*``, label values are
+   double-quoted with ``\\\\``, ``\\"`` and ``\\n`` unescaped (other escapes kept as written, like
+   prometheus_client). A trailing comma inside the braces is allowed. UTF-8 quoted metric
+   names (``{"a.b"}``) are not supported and make the line bad.
+4. Values are read as prometheus_client reads them: any spelling Python's ``float`` accepts
+   except ones with ``_``. ``NaN``, ``+Inf`` and ``-Inf`` are valid values and kept: deciding
+   whether a non-finite value is meaningful is the canonical mappers' job (dcgm/engine).
+5. Bad lines become a :class:`~collector.errors.Problem` naming the line number and quoting
+   it: unparseable or truncated samples, a bad value or timestamp, a duplicate label name,
+   invalid UTF-8 (U+FFFD after decoding), a ``# TYPE`` with an unknown type (the family is
+   then treated as untyped), a second ``# TYPE`` for one family (the first wins), and lines
+   after an OpenMetrics ``# EOF``.
+6. A duplicate series (same name and label set as an earlier sample of the body) is refused;
+   the first value is kept.
+7. At most :data:`MAX_PROBLEMS` problems are listed per body; one last problem counts the rest,
+   so a body of binary garbage cannot produce a million-entry report.
+8. The ``vllm_`` / ``vllm:`` OpenMetrics name clash: prometheus_client (≥ 0.2x) renders
+   ``vllm:x`` samples as ``vllm_x_total`` under ``# TYPE vllm:x counter`` when it negotiates
+   OpenMetrics. A sample whose name starts with the current family's name with ``:`` replaced
+   by ``_`` is renamed back to the colon form, so every consumer sees one spelling. This
+   applies to any family with a colon (``vllm:``, ``sglang:``, ...), in both dialects.
+9. Sample names are kept as written. (prometheus_client's 0.0.4 parser renames the samples
+   of a counter whose TYPE name lacks ``_total`` to ``<name>_total``; Prometheus itself does
+   not, and neither does this parser.)
+
+This parser is laxer than Prometheus's Go parser in one way: it does not check that samples
+of one family are contiguous or that histogram buckets are ordered.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import chain, compress, repeat
+from typing import NamedTuple
+
+from collector.errors import ParseError, Problem, quote
+
+MAX_BODY_CHARS = 16 * 1024 * 1024
+MAX_PROBLEMS = 100
+
+TYPES_004 = frozenset({"counter", "gauge", "histogram", "summary", "untyped"})
+TYPES_OM = frozenset(
+    {"counter", "gauge", "histogram", "gaugehistogram", "summary", "stateset", "info", "unknown"}
+)
+
+_QUOTED = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'  # a double-quoted string, unrolled for speed
+_LABEL = rf"[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*{_QUOTED}[ \t]*"
+_LABEL_BLOCK = re.compile(rf"(?:{_LABEL},)*(?:{_LABEL})?[ \t]*")
+_LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"')
+_SAMPLE = re.compile(
+    r"([a-zA-Z_:][a-zA-Z0-9_:]*)"  # metric name
+    r'(?:[ \t]*\{((?:[^"}]|"(?:[^"\\\n]|\\.)*")*)\}[ \t]*|[ \t]+)'  # {labels} or a blank
+    r"([^ \t#]+)"  # value
+    r"(?:[ \t]+([^ \t#]+))?"  # timestamp
+    r"(?:[ \t]+(#.*))?"  # exemplar (OpenMetrics only)
+)
+_FAST = re.compile(
+    r"^[ \t]*(?:(#[^\n]*)"  # 1: a comment line
+    r"|([a-zA-Z_:][a-zA-Z0-9_:]*)"  # 2: metric name
+    r"(?:[ \t]*\{([^\n]*)\}[ \t]*|[ \t]+)"  # 3: label block, first '{' to last '}'
+    r"([^ \t\r\n_#{}]+)"  # 4: value
+    r"(?:[ \t]+([^ \t\r\n_#{}]+))?[ \t]*\r?$"  # 5: timestamp
+    r"|([^\n]+))",  # 6: anything else
+    re.M,
+)
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_UNESCAPE = re.compile(r'\\[\\n"]')
+_UNESCAPE_HELP = re.compile(r"\\[\\n]")
+_ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
+
+
+class Sample(NamedTuple):
+    """One sample: metric name as written (rule 8 aside), labels, value, timestamp in ms."""
+
+    name: str
+    labels: dict[str, str]
+    value: float
+    timestamp_ms: float | None = None
+
+
+# Builds a Sample from a 4-tuple in C, skipping NamedTuple's Python-level __new__ (fast path).
+_new_sample = partial(tuple.__new__, Sample)
+
+
+@dataclass
+class Exposition:
+    """A parsed body: samples in input order, declared types and help, refused lines."""
+
+    samples: list[Sample] = field(default_factory=list)
+    types: dict[str, str] = field(default_factory=dict)
+    helps: dict[str, str] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+    openmetrics: bool = False
+    source: str = ""
+
+    def type_of(self, sample_name: str) -> str:
+        """The declared type of the family a sample belongs to ('untyped' if none)."""
+        found = self.types.get(sample_name)
+        if found is not None:
+            return found
+        for suffix in ("_total", "_bucket", "_count", "_sum", "_created", "_gcount", "_gsum", "_info"):
+            if sample_name.endswith(suffix):
+                found = self.types.get(sample_name[: -len(suffix)])
+                if found is not None:
+                    return found
+        return "untyped"
+
+
+def is_openmetrics(text: str) -> bool:
+    """Rule 2: the body ends with ``# EOF`` (trailing blank lines allowed)."""
+    return text.rstrip().endswith("\n# EOF") or text.strip() == "# EOF"
+
+
+def parse(
+    text: str, *, source: str = "", openmetrics: bool | None = None, max_chars: int = MAX_BODY_CHARS
+) -> Exposition:
+    """Parse one exposition body; see the module docstring for every rule applied."""
+    if len(text) > max_chars:
+        raise ParseError(
+            f"body of {len(text):,} characters exceeds the cap of {max_chars:,} (rule 1)",
+            source=source,
+            snippet=text[:80],
+        )
+    om = is_openmetrics(text) if openmetrics is None else openmetrics
+    state = _State(text, Exposition(openmetrics=om, source=source))
+    if not _scan_clean(text, state):
+        state = _State(text, Exposition(openmetrics=om, source=source))
+        _scan_exact(text, state)
+    if om and not state.eof:
+        state.problem(0, "", "OpenMetrics body without # EOF: it may be truncated (rule 2)")
+    state.finish()
+    return state.exp
+
+
+def _scan_clean(text: str, st: _State) -> bool:
+    """Fast path for a clean body: column-wise work in C, Python only per distinct label set.
+
+    Returns False, leaving ``st`` half-filled, when the body has anything it does not fully
+    accept (a problem, an exemplar, a timestamp, invalid UTF-8, text after ``# EOF``): the
+    caller then reparses the whole body with :func:`_scan_exact`, which names every problem
+    with its line number. Both paths accept the same language; this one is what the 10x
+    benchmark measures.
+    """
+    if st.check_utf8:
+        return False
+    rows = _FAST.findall(text)
+    if not rows:
+        return True
+    comments, names, blocks, value_texts, stamps, others = zip(*rows, strict=True)
+    if any(others) or any(stamps) or not _clean_comments(comments, st):
+        return False
+    if st.eof and (rows[-1][1] or comments.count(rows[-1][0]) != 1):
+        return False  # text after # EOF
+    is_sample = names
+    names, blocks = tuple(compress(names, is_sample)), tuple(compress(blocks, is_sample))
+    try:
+        values = list(map(float, compress(value_texts, is_sample)))
+    except ValueError:
+        return False
+    cache = st.label_cache
+    for block in set(blocks).difference(cache):
+        cache[block] = _parse_labels(block)
+    label_sets, canons = zip(*map(cache.__getitem__, blocks), strict=True) if blocks else ((), ())
+    if None in canons:
+        return False
+    if _has_clash(st, names):
+        names = tuple(_renamed(rows))
+    if len(set(zip(names, canons, strict=True))) != len(names):
+        return False
+    st.exp.samples.extend(map(_new_sample, zip(names, map(dict, label_sets), values, repeat(None))))
+    return True
+
+
+def _clean_comments(comments: tuple[str, ...], st: _State) -> bool:
+    """Types and help from the comment lines; False on any problem or a second ``# EOF``."""
+    for comment in filter(None, comments):
+        if st.eof:
+            return False
+        st.comment(0, comment.strip())
+        if st.exp.problems:
+            return False
+    return True
+
+
+def _has_clash(st: _State, names: tuple[str, ...]) -> bool:
+    """Rule 8 can apply: a family has a colon and a sample starts with its ``ns_`` spelling."""
+    spaces = {f.split(":", 1)[0] + "_" for f in chain(st.exp.types, st.exp.helps) if ":" in f}
+    if not spaces:
+        return False
+    prefixes = tuple(spaces)
+    return any(n.startswith(prefixes) for n in names)
+
+
+def _renamed(rows: list[tuple[str, ...]]) -> Iterator[str]:
+    """Rule 8 in order: each sample's name, renamed back to its current family's colon form."""
+    family = clash = ""
+    for comment, name, *_ in rows:
+        if name:
+            yield family + name[len(clash) :] if clash and name.startswith(clash) else name
+            continue
+        parts = comment.split(None, 3)
+        if len(parts) >= 3 and parts[1] in ("TYPE", "HELP", "UNIT") and parts[2] != family:
+            family = parts[2]
+            clash = family.replace(":", "_") if ":" in family else ""
+
+
+def _scan_exact(text: str, st: _State) -> None:
+    """The exact path: line by line, every refused line becomes a Problem with its number."""
+    for lineno, raw in enumerate(text.split("\n"), 1):
+        line = raw.strip()
+        if not line:
+            pass
+        elif st.eof:
+            st.problem(lineno, raw, "text after # EOF (rule 5)")
+        elif line[0] == "#":
+            st.comment(lineno, line)
+        else:
+            st.sample(lineno, line)
+
+
+class _State:
+    """Per-call parsing state (never shared between calls)."""
+
+    def __init__(self, text: str, exp: Exposition) -> None:
+        self.exp = exp
+        self.om = exp.openmetrics
+        self.check_utf8 = "\ufffd" in text
+        self.eof = False
+        self.family = ""
+        self.clash = ""  # rule 8: the family's name with ':' replaced by '_', when it has one
+        self.seen: dict[tuple[str, str | None], int] = {}
+        self.label_cache: dict[str, tuple[dict[str, str] | str, str | None]] = {"": ({}, "")}
+        self.names_ok: set[str] = set()
+        self.extra_problems = 0
+
+    def problem(self, lineno: int, line: str, message: str) -> None:
+        if len(self.exp.problems) >= MAX_PROBLEMS:
+            self.extra_problems += 1
+            return
+        where = f"line {lineno}" if lineno else "end of body"
+        text = f"{message}: {quote(line)}" if line else message
+        self.exp.problems.append(Problem(where, text))
+
+    def finish(self) -> None:
+        if self.extra_problems:
+            self.exp.problems.append(
+                Problem("body", f"{self.extra_problems} more bad lines not listed (rule 7)")
+            )
+
+    def comment(self, lineno: int, line: str) -> None:
+        parts = line.split(None, 3)
+        kind = parts[1] if len(parts) > 1 else ""
+        if kind == "EOF" and self.om and len(parts) == 2:
+            self.eof = True
+        elif kind == "TYPE":
+            self.type_line(lineno, line, parts)
+        elif kind == "HELP" and len(parts) >= 3:
+            self.set_family(parts[2])
+            doc = parts[3] if len(parts) == 4 else ""
+            self.exp.helps.setdefault(parts[2], _UNESCAPE_HELP.sub(_replace, doc) if "\\" in doc else doc)
+        elif kind == "UNIT" and len(parts) >= 3:
+            self.set_family(parts[2])
+
+    def type_line(self, lineno: int, line: str, parts: list[str]) -> None:
+        if len(parts) != 4 or not _NAME.fullmatch(parts[2]):
+            self.problem(lineno, line, "malformed # TYPE line (rule 5)")
+            return
+        name, typ = parts[2], parts[3].strip()
+        self.set_family(name)
+        allowed = TYPES_OM if self.om else TYPES_004
+        if name in self.exp.types:
+            self.problem(lineno, line, f"second # TYPE for {name}; the first wins (rule 5)")
+        elif typ not in allowed:
+            self.problem(lineno, line, f"unknown metric type {typ!r}; family treated as untyped (rule 5)")
+            self.exp.types[name] = "unknown" if self.om else "untyped"
+        else:
+            self.exp.types[name] = typ
+
+    def set_family(self, name: str) -> None:
+        if name != self.family:
+            self.family = name
+            self.clash = name.replace(":", "_") if ":" in name else ""
+
+    def sample(self, lineno: int, line: str) -> None:
+        split = self.split(line)
+        if isinstance(split, str):
+            self.problem(lineno, line, split)
+            return
+        name, block, value_text, ts_text = split
+        if self.check_utf8 and "\ufffd" in line:
+            self.problem(lineno, line, "invalid UTF-8 (rule 5)")
+            return
+        labels, canon = self.labels(block)
+        if isinstance(labels, str):
+            self.problem(lineno, line, labels)
+            return
+        sample = self.build(name, labels, value_text, ts_text)
+        if isinstance(sample, str):
+            self.problem(lineno, line, sample)
+            return
+        key = (sample.name, canon)
+        first = self.seen.get(key)
+        if first is not None:
+            self.problem(
+                lineno, line, f"duplicate series, first seen on line {first}; kept the first (rule 6)"
+            )
+            return
+        self.seen[key] = lineno
+        self.exp.samples.append(sample)
+
+    def split(self, line: str) -> tuple[str, str, str, str | None] | str:
+        """``(name, label block, value, timestamp)`` of a sample line, or an error message.
+
+        Fast path: the label block runs from the first ``{`` to the last ``}`` (a value or a
+        timestamp never holds a brace); an OpenMetrics line with ``#`` (an exemplar) goes
+        through the full regular expression instead.
+        """
+        if self.om and "#" in line:
+            return self.split_exemplar(line)
+        brace = line.find("{")
+        if brace < 0:
+            parts = line.split()
+            name, block, rest = parts[0], "", parts[1:]
+        else:
+            close = line.rfind("}")
+            if close < brace:
+                return "unterminated label set (rule 3)"
+            name, block, rest = line[:brace].rstrip(), line[brace + 1 : close], line[close + 1 :].split()
+        if name not in self.names_ok:
+            if not _NAME.fullmatch(name):
+                return f"invalid metric name {name!r} (rule 3)"
+            self.names_ok.add(name)
+        if not 1 <= len(rest) <= 2:
+            return "expected `value [timestamp]` after the name and labels (rule 3)"
+        return name, block, rest[0], rest[1] if len(rest) == 2 else None
+
+    def split_exemplar(self, line: str) -> tuple[str, str, str, str | None] | str:
+        m = _SAMPLE.fullmatch(line)
+        if m is None:
+            return "not a sample line `name{labels} value [timestamp] [# exemplar]` (rule 3)"
+        name, block, value_text, ts_text, _exemplar = m.groups()
+        return name, block or "", value_text, ts_text
+
+    def labels(self, block: str) -> tuple[dict[str, str] | str, str | None]:
+        """``(labels, canonical form)`` for a ``{...}`` body, or ``(error, None)``; cached per call."""
+        cached = self.label_cache.get(block)
+        if cached is None:
+            cached = _parse_labels(block)
+            self.label_cache[block] = cached
+        labels, canon = cached
+        return (dict(labels), canon) if isinstance(labels, dict) else cached
+
+    def build(self, name: str, labels: dict[str, str], value_text: str, ts_text: str | None) -> Sample | str:
+        value = _number(value_text)
+        if value is None:
+            return f"bad value {value_text!r} (rule 4)"
+        ts_ms = None
+        if ts_text is not None:
+            ts = _number(ts_text)
+            if ts is None:
+                return f"bad timestamp {ts_text!r} (rule 2)"
+            ts_ms = ts * 1000.0 if self.om else ts
+        if self.clash and name.startswith(self.clash):
+            name = self.family + name[len(self.clash) :]
+        return Sample(name, labels, value, ts_ms)
+
+
+def _replace(m: re.Match[str]) -> str:
+    return _ESCAPES[m.group(0)]
+
+
+def _parse_labels(block: str) -> tuple[dict[str, str] | str, str | None]:
+    """Rule 3: ``(labels, canonical form)`` of a ``{...}`` body, or ``(error message, None)``.
+
+    The canonical form is the label set written sorted, compact and escaped: equal for two
+    blocks that spell one label set differently (order, blanks, trailing comma), so rule 6
+    sees them as one series. A compact sorted block without escapes is its own canonical form.
+    """
+    pairs = _LABEL_PAIR.findall(block)
+    plain = ",".join([f'{k}="{v}"' for k, v in pairs])
+    if plain != block and not _LABEL_BLOCK.fullmatch(block):
+        return "malformed label set (rule 3)", None
+    labels = dict(pairs) if "\\" not in block else {k: _UNESCAPE.sub(_replace, v) for k, v in pairs}
+    if len(labels) != len(pairs):
+        return "duplicate label name (rule 3)", None
+    if (
+        plain == block
+        and "\\" not in block
+        and all(pairs[i][0] < pairs[i + 1][0] for i in range(len(pairs) - 1))
+    ):
+        return labels, block
+    return labels, ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+
+
+def _sorted_names(pairs: list[tuple[str, str]]) -> bool:
+    return all(pairs[i][0] < pairs[i + 1][0] for i in range(len(pairs) - 1))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(text: str) -> float | None:
+    """Rule 4: ``float`` spelling without underscores, else None."""
+    if "_" in text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
