@@ -1,0 +1,223 @@
+"""GPU counters through NVML (PyPI ``nvidia-ml-py``, imported as ``pynvml``) → ``gpu_samples``.
+
+For nodes without dcgm-exporter. The NVML module is a constructor parameter so tests pass a fake
+object with the same functions; by default it is imported on first use, and a missing library
+or GPU makes :meth:`NvmlReader.available` say so instead of raising.
+
+Canonical metrics (the same names :mod:`collector.formats.dcgm` gives dcgm-exporter fields):
+
+==============================  =============================================  ==================
+metric                          NVML call                                      conversion
+==============================  =============================================  ==================
+``fb_used_bytes``/``_free_``    ``nvmlDeviceGetMemoryInfo``                     bytes as given
+``power_w``                     ``nvmlDeviceGetPowerUsage``                     mW / 1000
+``energy_j``                    ``nvmlDeviceGetTotalEnergyConsumption``         mJ / 1000
+``sm_clock_mhz``/``mem_clock_``  ``nvmlDeviceGetClockInfo``                     MHz
+``gpu_temp_c``                  ``nvmlDeviceGetTemperature``                    °C
+``throttle_reasons_mask``       ``nvmlDeviceGetCurrentClocksEventReasons``      bitmask (a code)
+``gpu_util_ratio``              ``nvmlDeviceGetUtilizationRates().gpu``         % / 100
+``nvlink_tx_bytes_per_s``/rx    field values 138/139 per link (KiB, cumulative)  Δ×1024 / Δt
+``sm_active_ratio`` etc.        GPM SM_UTIL / ANY_TENSOR_UTIL / DRAM_BW_UTIL    % / 100
+==============================  =============================================  ==================
+
+Rules:
+
+1. A call NVML answers with ``NVMLError`` (not supported on this GPU, MIG, permissions) drops
+   that metric for that GPU silently; the rest of the GPU's metrics are kept.
+2. NVLink: per-link rows carry ``link`` = the link index; a row with ``link = -1`` sums the links
+   that had a rate. Rates need two reads: none on the first, and none for a link whose
+   counter went down (reset) or when time did not move forward.
+3. GPM (Hopper and newer) also needs two samples: the first read only takes a sample. GPUs
+   without GPM support emit no GPM rows.
+4. Every row has ``source='nvml'`` and the GPU's index, UUID and model name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from collector.errors import Problem
+from collector.formats import Parsed
+from collector.records import frame
+
+TABLE = "gpu_samples"
+FI_NVLINK_TX_KIB = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+FI_NVLINK_RX_KIB = 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS of older bindings; newer ones say 36
+# GPM metric id -> canonical metric (values are percent)
+GPM_METRICS = {2: "sm_active_ratio", 5: "tensor_active_ratio", 10: "dram_active_ratio"}
+
+
+@dataclass
+class _GpuState:
+    """What one GPU's rates need from the previous read."""
+
+    nvlink: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    gpm_sample: Any = None
+
+
+class NvmlReader:
+    """Reads every GPU NVML sees; ``nvml`` is the ``pynvml`` module or a stand-in for tests."""
+
+    name = "nvml"
+
+    def __init__(self, nvml: ModuleType | Any | None = None, host: str = ""):
+        self._nvml = nvml
+        self.host = host
+        self._started = False
+        self._state: dict[str, _GpuState] = {}
+
+    def available(self) -> tuple[bool, str]:
+        """(True, what was found) or (False, why not), never raising."""
+        try:
+            nvml = self._start()
+            n = nvml.nvmlDeviceGetCount()
+        except ImportError:
+            return False, "nvidia-ml-py is not installed (pip install 'ioe[nvml]')"
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            return False, f"NVML cannot start: {exc}"
+        if n == 0:
+            return False, "NVML found no NVIDIA GPU"
+        return True, f"NVML sees {n} GPU(s)"
+
+    def close(self) -> None:
+        if self._started and self._nvml is not None:
+            self._nvml.nvmlShutdown()
+            self._started = False
+
+    def read(self, ts_ns: int) -> Parsed:
+        """One row per metric per GPU (and per NVLink link) at ``ts_ns``."""
+        ok, why = self.available()
+        if not ok:
+            return Parsed(problems=[Problem("nvml", why)])
+        nvml = self._start()
+        rows: list[dict[str, Any]] = []
+        problems: list[Problem] = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            try:
+                rows.extend(self._gpu_rows(nvml, index, ts_ns))
+            except Exception as exc:  # one broken GPU must not hide the others
+                problems.append(Problem(f"nvml gpu {index}", f"read failed ({exc})"))
+        parsed = Parsed(problems=problems)
+        if rows:
+            parsed.add(TABLE, frame(TABLE, rows))
+        return parsed
+
+    def _start(self) -> Any:
+        if self._nvml is None:
+            self._nvml = importlib.import_module("pynvml")
+        if not self._started:
+            self._nvml.nvmlInit()
+            self._started = True
+        return self._nvml
+
+    def _gpu_rows(self, nvml: Any, index: int, ts_ns: int) -> list[dict[str, Any]]:
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        ident = {
+            "ts_ns": ts_ns,
+            "host": self.host,
+            "gpu": index,
+            "uuid": uuid,
+            "source": "nvml",
+            "gpu_model": _text(_try(nvml, nvml.nvmlDeviceGetName, handle) or ""),
+        }
+        state = self._state.setdefault(uuid, _GpuState())
+        values = [(m, -1, v) for m, v in _plain_metrics(nvml, handle)]
+        values += _nvlink_rates(nvml, handle, state, ts_ns)
+        values += _gpm_ratios(nvml, handle, state)
+        return [{**ident, "metric": m, "link": link, "value": float(v)} for m, link, v in values]
+
+
+def _try(nvml: Any, fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, or ``None`` when NVML answers NVMLError (rule 1)."""
+    try:
+        return fn(*args)
+    except nvml.NVMLError:
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _plain_metrics(nvml: Any, h: Any) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    mem = _try(nvml, nvml.nvmlDeviceGetMemoryInfo, h)
+    if mem is not None:
+        out += [("fb_used_bytes", mem.used), ("fb_free_bytes", mem.free)]
+    reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+        nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+    )
+    single: list[tuple[str, Any, tuple[Any, ...], float]] = [
+        ("power_w", nvml.nvmlDeviceGetPowerUsage, (h,), 1e-3),
+        ("energy_j", nvml.nvmlDeviceGetTotalEnergyConsumption, (h,), 1e-3),
+        ("sm_clock_mhz", nvml.nvmlDeviceGetClockInfo, (h, nvml.NVML_CLOCK_SM), 1.0),
+        ("mem_clock_mhz", nvml.nvmlDeviceGetClockInfo, (h, nvml.NVML_CLOCK_MEM), 1.0),
+        ("gpu_temp_c", nvml.nvmlDeviceGetTemperature, (h, nvml.NVML_TEMPERATURE_GPU), 1.0),
+    ]
+    if reasons_fn is not None:
+        single.append(("throttle_reasons_mask", reasons_fn, (h,), 1.0))
+    for metric, fn, args, scale in single:
+        value = _try(nvml, fn, *args)
+        if value is not None:
+            out.append((metric, value * scale))
+    util = _try(nvml, nvml.nvmlDeviceGetUtilizationRates, h)
+    if util is not None:
+        out.append(("gpu_util_ratio", util.gpu / 100.0))
+    return out
+
+
+def _nvlink_rates(nvml: Any, h: Any, state: _GpuState, ts_ns: int) -> list[tuple[str, int, float]]:
+    """Per-link TX/RX bytes/s from the cumulative KiB fields 138/139 (rule 2)."""
+    n_links = int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", MAX_LINKS))
+    query = [(fid, link) for link in range(n_links) for fid in (FI_NVLINK_TX_KIB, FI_NVLINK_RX_KIB)]
+    got = _try(nvml, nvml.nvmlDeviceGetFieldValues, h, query)
+    out: list[tuple[str, int, float]] = []
+    totals: dict[str, float] = {}
+    for fv in got or []:
+        if fv.nvmlReturn != 0:
+            continue
+        key, kib = (fv.fieldId, fv.scopeId), int(fv.value.ullVal)
+        prev = state.nvlink.get(key)
+        state.nvlink[key] = (kib, ts_ns)
+        if prev is None or kib < prev[0] or ts_ns <= prev[1]:
+            continue
+        metric = "nvlink_tx_bytes_per_s" if fv.fieldId == FI_NVLINK_TX_KIB else "nvlink_rx_bytes_per_s"
+        rate = (kib - prev[0]) * 1024 / ((ts_ns - prev[1]) / 1e9)
+        out.append((metric, fv.scopeId, rate))
+        totals[metric] = totals.get(metric, 0.0) + rate
+    out += [(metric, -1, total) for metric, total in totals.items()]
+    return out
+
+
+def _gpm_ratios(nvml: Any, h: Any, state: _GpuState) -> list[tuple[str, int, float]]:
+    """SM / tensor / DRAM activity from two GPM samples (rule 3); [] where unsupported."""
+    support = _try(nvml, getattr(nvml, "nvmlGpmQueryDeviceSupport", _unsupported), h)
+    if support is None or not getattr(support, "isSupportedDevice", 0):
+        return []
+    sample = nvml.nvmlGpmSampleAlloc()
+    nvml.nvmlGpmSampleGet(h, sample)
+    prev, state.gpm_sample = state.gpm_sample, sample
+    if prev is None:
+        return []
+    req = nvml.c_nvmlGpmMetricsGet_t()
+    req.version = nvml.NVML_GPM_METRICS_GET_VERSION
+    req.numMetrics = len(GPM_METRICS)
+    req.sample1, req.sample2 = prev, sample
+    for i, metric_id in enumerate(GPM_METRICS):
+        req.metrics[i].metricId = metric_id
+    nvml.nvmlGpmMetricsGet(req)
+    nvml.nvmlGpmSampleFree(prev)
+    return [
+        (GPM_METRICS[req.metrics[i].metricId], -1, req.metrics[i].value / 100.0)
+        for i in range(len(GPM_METRICS))
+        if req.metrics[i].nvmlReturn == 0
+    ]
+
+
+def _unsupported(*_: Any) -> None:
+    return None
