@@ -1,0 +1,273 @@
+"""Crossover point (Cp), load curves and headroom per axis.
+
+Input: a deployment's (concurrency, throughput, latency) history — per-bin from the store
+(:func:`load_bins`) or measured points (a benchmark, the calibration CSV). Output: a
+:class:`CpFit` with its uncertainty, per-point zone judgements for load curves, and headroom.
+
+Rules:
+ 1. Throughput scaling is judged in log-log: the elasticity ``d log throughput / d log
+    concurrency`` is 1 when throughput grows in proportion to concurrency and 0 when it is flat.
+ 2. Cp is the breakpoint of a continuous two-segment (hinge) least-squares fit of log throughput
+    on log concurrency, with the breakpoint searched on a fine grid between the first and last
+    point. Cp is *reached* when the slope past it is below ``cp_knee_elasticity_max`` and below
+    the slope before it; otherwise the deployment still scales at the highest concurrency seen and
+    Cp is reported as a lower bound (``cp`` None, ``cp_lower_bound`` = max concurrency).
+ 3. Uncertainty: a wild bootstrap (residuals × random ±1, ``cp_bootstrap_rounds`` rounds, fixed
+    seed) refits rule 2; ``cp_low``/``cp_high`` are the 10th/90th percentiles of the reached
+    breakpoints and ``p_reached`` the share of rounds that reached one.
+ 4. The latency knee is the same hinge fit on log latency: where its slope turns up.
+ 5. A load point is *queue-bound* (zone ``kv_capacity``) when TTFT grows faster than
+    concurrency^``cp_ttft_explosion_min_elasticity`` from the previous point: prefill work grows at
+    most in proportion to the requests admitted, so the excess is waiting for a slot (KV capacity
+    or the batch limit). Its queue share is estimated as 1 − (TTFT_prev × c/c_prev) / TTFT.
+    Otherwise the step time (TPOT) decides: elasticity of TPOT on concurrency < 0.5 means a decode
+    step barely grows with the batch (weights read once per step: ``hbm_bandwidth``); ≥ 0.5 means
+    it grows with the batch's work (``compute``).
+ 6. The network signals (a)-(c) of the envelope rule 6 are computed here from per-bin load.
+ 7. Collective evidence: an injected callable (``analyzer.collectives``) wins; otherwise, from
+    ``collective_records`` of the deployment's communicators in the window, the collective share is
+    the summed exec time per rank ÷ window (an upper bound of exposed time: overlap is unknown) and
+    busbw is compared with the best nccl-tests busbw for the same op and rank count.
+ 8. Headroom per axis: KV sequences left = running × (1/KV usage − 1) at the current context mix;
+    HBM bandwidth left = 1 − DRAM activity / 0.8 (the practical ceiling of REFERENCE §1); fabric
+    left = 1 − busbw / capability; SLO distance = SLO − p99 (seconds, negative when violated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from analyzer.deployments import ENGINE_KEY_SQL, Deployment
+from analyzer.latency import NS, binned_quantiles, counter_increases
+from analyzer.thresholds import Thresholds
+
+DRAM_PRACTICAL_CEILING = 0.8  # REFERENCE §1
+
+
+@dataclass(frozen=True)
+class CpFit:
+    """Rules 2-4 for one load curve."""
+
+    cp: float | None
+    cp_low: float | None
+    cp_high: float | None
+    p_reached: float
+    reached: bool
+    cp_lower_bound: float | None
+    slope_before: float | None
+    slope_after: float | None
+    latency_knee: float | None
+    max_concurrency: float
+    points: int
+    method: str = "hinge fit of log throughput on log concurrency, wild bootstrap"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def hinge_fit(x: np.ndarray, y: np.ndarray, grid: int = 60) -> tuple[float, float, float, float] | None:
+    """Rule 2: ``(breakpoint, slope_before, slope_after, sse)`` of a continuous hinge on (x, y)."""
+    if len(x) < 3 or np.ptp(x) <= 0:
+        return None
+    best: tuple[float, float, float, float] | None = None
+    for b in np.linspace(x.min(), x.max(), grid)[1:-1]:
+        design = np.column_stack([np.ones_like(x), np.minimum(x - b, 0.0), np.maximum(x - b, 0.0)])
+        coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+        sse = float(np.sum((design @ coef - y) ** 2))
+        if best is None or sse < best[3] - 1e-12:
+            best = (float(b), float(coef[1]), float(coef[2]), sse)
+    return best
+
+
+def _reached(fit: tuple[float, float, float, float] | None, th: Thresholds) -> bool:
+    return fit is not None and fit[2] < th.cp_knee_elasticity_max and fit[2] < fit[1]
+
+
+def _collapse(c: Sequence[float], v: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique log2 concurrency and mean log2 value (repeated points averaged)."""
+    cc, vv = np.asarray(c, dtype=float), np.asarray(v, dtype=float)
+    ok = (cc > 0) & (vv > 0) & np.isfinite(cc) & np.isfinite(vv)
+    xs, inv = np.unique(np.log2(cc[ok]), return_inverse=True)
+    ys = np.bincount(inv, weights=np.log2(vv[ok])) / np.bincount(inv)
+    return xs, ys
+
+
+def fit_cp(
+    concurrency: Sequence[float],
+    throughput: Sequence[float],
+    latency: Sequence[float] | None = None,
+    th: Thresholds | None = None,
+    seed: int = 0,
+) -> CpFit:
+    """Rules 2-4 on one curve (any units; throughput per GPU for comparable curves)."""
+    th = th or Thresholds()
+    x, y = _collapse(concurrency, throughput)
+    top = float(2 ** x.max()) if len(x) else 0.0
+    fit = hinge_fit(x, y)
+    reached = _reached(fit, th)
+    boots = _bootstrap(x, y, fit, th, seed)
+    lat_knee = None
+    if latency is not None:
+        lx, ly = _collapse(concurrency, latency)
+        lfit = hinge_fit(lx, ly)
+        lat_knee = float(2 ** lfit[0]) if lfit and lfit[2] > lfit[1] else None
+    return CpFit(
+        cp=float(2 ** fit[0]) if fit and reached else None,
+        cp_low=float(2 ** np.percentile(boots, 10)) if reached and len(boots) else None,
+        cp_high=float(2 ** np.percentile(boots, 90)) if reached and len(boots) else None,
+        p_reached=round(len(boots) / th.cp_bootstrap_rounds, 3),
+        reached=reached,
+        cp_lower_bound=None if reached else top,
+        slope_before=None if fit is None else round(fit[1], 4),
+        slope_after=None if fit is None else round(fit[2], 4),
+        latency_knee=lat_knee,
+        max_concurrency=top,
+        points=len(x),
+    )
+
+
+def _bootstrap(
+    x: np.ndarray, y: np.ndarray, fit: tuple[float, float, float, float] | None, th: Thresholds, seed: int
+) -> np.ndarray:
+    """Rule 3: breakpoints of the rounds that reached a knee."""
+    if fit is None:
+        return np.array([])
+    b, s1, s2, _ = fit
+    a = float(np.mean(y - s1 * np.minimum(x - b, 0) - s2 * np.maximum(x - b, 0)))
+    pred = a + s1 * np.minimum(x - b, 0) + s2 * np.maximum(x - b, 0)
+    resid = y - pred
+    rng = np.random.default_rng(seed)
+    got = []
+    for _ in range(th.cp_bootstrap_rounds):
+        refit = hinge_fit(x, pred + resid * rng.choice((-1.0, 1.0), size=len(x)), grid=30)
+        if _reached(refit, th) and refit is not None:
+            got.append(refit[0])
+    return np.asarray(got)
+
+
+def load_bins(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, th: Thresholds
+) -> pl.DataFrame:
+    """Per-bin ``[bin, running, tokens_per_s, itl_p50_s, itl_p99_s, sm, dram]`` for rule 6 (a)-(c)."""
+
+    bin_ns = int(th.bin_s * NS)
+    keys = list(dep.engine_keys)
+    run = con.execute(
+        f"""SELECT b AS bin, sum(v) AS running FROM (
+               SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS b, {ENGINE_KEY_SQL} AS k, avg(value) AS v
+               FROM engine_samples WHERE ts_ns > ? AND ts_ns <= ? AND concept = 'requests_running'
+                 AND list_contains(?, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY b""",
+        [start_ns, bin_ns, start_ns, end_ns, keys],
+    ).pl()
+    tok = counter_increases(
+        con,
+        start_ns,
+        end_ns,
+        ["generation_tokens_total"],
+        keys=keys,
+        bin_s=th.bin_s,
+        lookback_s=th.counter_lookback_s,
+    ).select("bin", (pl.col("increase") / th.bin_s).alias("tokens_per_s"))
+    q = binned_quantiles(con, start_ns, end_ns, th.bin_s, keys=keys, concepts=["itl_seconds"], qs=(0.5, 0.99))
+    itl = q.pivot(on="q", index="bin", values="value_s") if q.height else pl.DataFrame({"bin": []})
+    itl = itl.rename({c: f"itl_p{round(float(c) * 100)}_s" for c in itl.columns if c != "bin"})
+    out = run.join(tok, on="bin", how="left").join(itl.cast({"bin": pl.Int64}), on="bin", how="left")
+    return out.join(_gpu_bins(con, dep, start_ns, end_ns, bin_ns), on="bin", how="left").sort("bin")
+
+
+def _gpu_bins(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, bin_ns: int
+) -> pl.DataFrame:
+    got = con.execute(
+        """SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin,
+                  avg(value) FILTER (WHERE metric = 'sm_active_ratio') AS sm,
+                  avg(value) FILTER (WHERE metric = 'dram_active_ratio') AS dram
+           FROM gpu_samples WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, uuid)
+             AND metric IN ('sm_active_ratio', 'dram_active_ratio') GROUP BY bin""",
+        [start_ns, bin_ns, start_ns, end_ns, list(dep.gpu_uuids)],
+    ).pl()
+    return got.cast({"bin": pl.Int64, "sm": pl.Float64, "dram": pl.Float64})
+
+
+def elasticity(x: np.ndarray, y: np.ndarray) -> float | None:
+    """OLS slope of log y on log x (how y scales with x); None with < 3 usable points."""
+    ok = (x > 0) & (y > 0) & np.isfinite(x) & np.isfinite(y)
+    if ok.sum() < 3 or np.ptp(np.log(x[ok])) <= 0:
+        return None
+    return float(np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)[0])
+
+
+def network_signals(bins: pl.DataFrame, th: Thresholds) -> dict[str, float | None]:
+    """Rule 6 (a)-(c) from per-bin load: latency slope, gap widening, throughput elasticity."""
+    need = {"running", "itl_p50_s", "itl_p99_s", "tokens_per_s"}
+    if bins.is_empty() or not need <= set(bins.columns):
+        return {
+            "latency_slope": None,
+            "gap_widening": None,
+            "throughput_elasticity": None,
+            "load_spread": None,
+        }
+    b = bins.drop_nulls(list(need)).filter(pl.col("running") > 0)
+    run = b["running"].to_numpy()
+    spread = float(run.max() / run.min()) if len(run) else None
+    if spread is None or spread < th.net_min_load_spread_ratio or len(run) < 4:
+        return {
+            "latency_slope": None,
+            "gap_widening": None,
+            "throughput_elasticity": None,
+            "load_spread": spread,
+        }
+    gap = (b["itl_p99_s"] / b["itl_p50_s"] - 1.0).to_numpy()
+    hi = run >= np.median(run)
+    lo_gap = float(np.mean(gap[~hi])) if (~hi).any() else float("nan")
+    widening = float(np.mean(gap[hi])) / lo_gap if lo_gap > 0 else None
+    return {
+        "latency_slope": elasticity(run, b["itl_p99_s"].to_numpy()),
+        "gap_widening": widening,
+        "throughput_elasticity": elasticity(run, b["tokens_per_s"].to_numpy()),
+        "load_spread": spread,
+    }
+
+
+def collective_evidence(
+    con: duckdb.DuckDBPyConnection,
+    dep: Deployment,
+    start_ns: int,
+    end_ns: int,
+    injected: Any,
+) -> tuple[dict[str, float], str]:
+    if injected is not None:
+        got = injected(con, dep, start_ns, end_ns)
+        if got:
+            return {k: float(v) for k, v in got.items() if v is not None}, "analyzer.collectives (injected)"
+    if not dep.comm_ids:
+        return {}, ""
+    row = con.execute(
+        """SELECT sum(exec_us) / greatest(count(DISTINCT (comm_id, rank)), 1), median(busbw_gbs),
+                  mode(op), max(n_ranks), count(*)
+           FROM collective_records WHERE list_contains(?, comm_id)
+             AND coalesce(start_us, dump_ts_us) > ? AND coalesce(start_us, dump_ts_us) <= ?""",
+        [list(dep.comm_ids), start_ns / 1000, end_ns / 1000],
+    ).fetchone()
+    if not row or not row[4]:
+        return {}, ""
+    out = {"collective_share_ratio": float(row[0] or 0.0) / ((end_ns - start_ns) / 1000)}
+    cap = _busbw_capability(con, str(row[2] or ""), int(row[3] or 0))
+    if cap and row[1] is not None:
+        out.update(busbw_gbs=float(row[1]), capability_gbs=cap, busbw_ratio=float(row[1]) / cap)
+    return out, "collective_records (exec time summed per rank: an upper bound of exposed time)"
+
+
+def _busbw_capability(con: duckdb.DuckDBPyConnection, op: str, n_ranks: int) -> float | None:
+    row = con.execute(
+        """SELECT max(busbw_gbs) FROM nccl_baselines
+           WHERE lower(replace(op, '_', '')) = lower(replace(?, '_', '')) AND n_gpus = ?""",
+        [op, n_ranks],
+    ).fetchone()
+    return float(row[0]) if row and row[0] else None

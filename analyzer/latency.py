@@ -1,0 +1,264 @@
+"""Latency quantiles from engine histogram buckets, over any window and per time bin.
+
+Input: ``histogram_buckets`` rows (cumulative count per ``le`` in seconds, per engine series).
+Output: bucket-estimated quantiles (:class:`Quantile`) and per-bin quantile frames.
+
+Rules:
+ 1. The count of observations in a window is the *increase* of each bucket's cumulative count
+    between the window's ends, taken per series: the sum of positive steps between consecutive
+    samples, and, after a drop (a counter reset: the engine restarted), the new value itself.
+    The base is the last sample before the window start (looked back ``lookback_s``), so a
+    window loses nothing to its first scrape.
+ 2. Series of one deployment are merged by adding their increases per ``le`` (engines of one
+    deployment share a bucket layout; a mixed layout would merge bounds that do not line up).
+ 3. A quantile is interpolated linearly inside the bucket that holds rank ``q × total``, as
+    Prometheus ``histogram_quantile`` does: the lower bound of the first bucket is 0; a rank in
+    the ``+Inf`` bucket returns the highest finite bound (``capped``: the true value is larger).
+ 4. Every result is a bucket estimate (``estimate = "bucket_interpolated"``); when it lies in the
+    first bucket it is flagged ``at_floor``: vLLM's request-phase histograms (queue, prefill,
+    decode, e2e) start at 0.3 s, so a fast deployment's quantile from them reads ≤ 0.3 s.
+ 5. Means come from ``<hist>_sum`` / ``<hist>_count`` counters in ``engine_samples`` with the same
+    reset-aware increase (rule 1), and are exact, not estimates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from analyzer.deployments import ENGINE_KEY_SQL
+
+HISTOGRAMS = (
+    "ttft_seconds",
+    "itl_seconds",
+    "tpot_seconds",
+    "e2e_seconds",
+    "queue_seconds",
+    "prefill_seconds",
+    "decode_seconds",
+)
+REQUEST_PHASE_FLOOR_S = 0.3  # vLLM request-phase histograms' first bucket (REFERENCE §2)
+NS = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Quantile:
+    """One bucket-estimated quantile of one histogram over one window."""
+
+    metric: str
+    q: float
+    value_s: float | None
+    observations: float
+    first_bucket_s: float | None
+    at_floor: bool
+    capped: bool
+    estimate: str = "bucket_interpolated"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def histogram_quantile(les: Sequence[float], cumulative: Sequence[float], q: float) -> float | None:
+    """Rule 3 on one histogram: ``les`` ascending (last may be +inf), ``cumulative`` counts.
+
+    ``[0.1, 0.5, inf], [2, 8, 10], 0.5`` → rank 5 lies in (0.1, 0.5] → 0.1 + 0.4 × 3/6 = 0.3.
+    Returns None when the histogram holds no observation or ``q`` is outside [0, 1].
+    """
+    if not 0.0 <= q <= 1.0 or not les:
+        return None
+    cum = np.maximum.accumulate(np.asarray(cumulative, dtype=float))
+    total = float(cum[-1])
+    if total <= 0:
+        return None
+    rank = q * total
+    b = int(np.searchsorted(cum, rank, side="left"))
+    b = min(b, len(les) - 1)
+    if math.isinf(les[b]):
+        return float(les[b - 1]) if b > 0 else None
+    lower = 0.0 if b == 0 else float(les[b - 1])
+    below = 0.0 if b == 0 else float(cum[b - 1])
+    in_bucket = float(cum[b]) - below
+    if in_bucket <= 0:
+        return float(les[b])
+    return lower + (float(les[b]) - lower) * (rank - below) / in_bucket
+
+
+def quantile_of(metric: str, les: Sequence[float], cum: Sequence[float], q: float) -> Quantile:
+    """Rule 3 + rule 4 flags for one merged histogram."""
+    value = histogram_quantile(les, cum, q)
+    finite = [x for x in les if not math.isinf(x)]
+    first = finite[0] if finite else None
+    top = finite[-1] if finite else None
+    return Quantile(
+        metric=metric,
+        q=q,
+        value_s=value,
+        observations=float(max(cum, default=0.0)),
+        first_bucket_s=first,
+        at_floor=value is not None and first is not None and value <= first,
+        capped=value is not None and top is not None and value >= top and q > 0 and _in_inf(les, cum, q),
+    )
+
+
+def _in_inf(les: Sequence[float], cum: Sequence[float], q: float) -> bool:
+    finite_total = max((c for le, c in zip(les, cum, strict=True) if not math.isinf(le)), default=0.0)
+    return q * max(cum, default=0.0) > finite_total
+
+
+def _key_filter(keys: Sequence[str] | None) -> tuple[str, list[Any]]:
+    if keys is None:
+        return "", []
+    return f" AND list_contains(?, {ENGINE_KEY_SQL})", [list(keys)]
+
+
+def bucket_increases(
+    con: duckdb.DuckDBPyConnection,
+    start_ns: int,
+    end_ns: int,
+    *,
+    keys: Sequence[str] | None = None,
+    concepts: Sequence[str] = HISTOGRAMS,
+    bin_s: float | None = None,
+    lookback_s: float = 120.0,
+) -> pl.DataFrame:
+    """Rules 1-2: ``[concept, bin, le, count]`` increases in (start, end], merged over series.
+
+    ``bin`` is 0 for the whole window, else ``(ts − start − 1) // bin`` (bin k spans
+    ``(start + k·bin, start + (k+1)·bin]``).
+    """
+    where, params = _key_filter(keys)
+    bin_ns = int(bin_s * NS) if bin_s else max(end_ns - start_ns, 1)
+    sql = f"""
+        WITH s AS (
+            SELECT concept, ts_ns, le, {ENGINE_KEY_SQL} AS k, labels, cumulative_count AS c,
+                   lag(cumulative_count) OVER (PARTITION BY source, engine, dp_rank, tp_rank, pp_rank,
+                       ep_rank, labels, concept, le ORDER BY ts_ns) AS prev
+            FROM histogram_buckets
+            WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, concept){where}
+        )
+        SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin, le,
+               sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS count
+        FROM s WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin, le"""
+    args = [start_ns - int(lookback_s * NS), end_ns, list(concepts), *params, start_ns, bin_ns, start_ns]
+    return con.execute(sql, args).pl()
+
+
+def quantiles_from_increases(inc: pl.DataFrame, qs: Sequence[float]) -> dict[tuple[str, int], list[Quantile]]:
+    """Rule 3 on every ``(concept, bin)`` group of :func:`bucket_increases` output."""
+    out: dict[tuple[str, int], list[Quantile]] = {}
+    if inc.is_empty():
+        return out
+    for (concept, bin_), part in inc.sort("le").group_by(["concept", "bin"], maintain_order=True):
+        les = part["le"].to_list()
+        cum = part["count"].to_list()
+        out[(str(concept), int(bin_))] = [quantile_of(str(concept), les, cum, q) for q in qs]
+    return out
+
+
+def window_quantiles(
+    con: duckdb.DuckDBPyConnection,
+    start_ns: int,
+    end_ns: int,
+    *,
+    keys: Sequence[str] | None = None,
+    concepts: Sequence[str] = HISTOGRAMS,
+    qs: Sequence[float] = (0.5, 0.9, 0.99),
+    lookback_s: float = 120.0,
+) -> dict[str, dict[float, Quantile]]:
+    """``{concept: {q: Quantile}}`` over the whole window (only concepts with data)."""
+    inc = bucket_increases(con, start_ns, end_ns, keys=keys, concepts=concepts, lookback_s=lookback_s)
+    got = quantiles_from_increases(inc, qs)
+    return {c: {x.q: x for x in qlist} for (c, _), qlist in got.items()}
+
+
+def binned_quantiles(
+    con: duckdb.DuckDBPyConnection,
+    start_ns: int,
+    end_ns: int,
+    bin_s: float,
+    *,
+    keys: Sequence[str] | None = None,
+    concepts: Sequence[str] = HISTOGRAMS,
+    qs: Sequence[float] = (0.5, 0.99),
+    lookback_s: float = 120.0,
+) -> pl.DataFrame:
+    """``[concept, bin, bin_start_ns, q, value_s, observations]``: one row per bin and quantile."""
+    inc = bucket_increases(
+        con, start_ns, end_ns, keys=keys, concepts=concepts, bin_s=bin_s, lookback_s=lookback_s
+    )
+    rows = [
+        {
+            "concept": c,
+            "bin": b,
+            "bin_start_ns": start_ns + int(b * bin_s * NS),
+            "q": x.q,
+            "value_s": x.value_s,
+            "observations": x.observations,
+        }
+        for (c, b), qlist in quantiles_from_increases(inc, qs).items()
+        for x in qlist
+    ]
+    schema = {
+        "concept": pl.Utf8,
+        "bin": pl.Int64,
+        "bin_start_ns": pl.Int64,
+        "q": pl.Float64,
+        "value_s": pl.Float64,
+        "observations": pl.Float64,
+    }
+    return pl.DataFrame(rows, schema=schema)
+
+
+def counter_increases(
+    con: duckdb.DuckDBPyConnection,
+    start_ns: int,
+    end_ns: int,
+    concepts: Sequence[str],
+    *,
+    keys: Sequence[str] | None = None,
+    bin_s: float | None = None,
+    lookback_s: float = 120.0,
+) -> pl.DataFrame:
+    """Rule 1 on ``engine_samples`` counters: ``[concept, bin, increase]`` summed over series."""
+    where, params = _key_filter(keys)
+    bin_ns = int(bin_s * NS) if bin_s else max(end_ns - start_ns, 1)
+    sql = f"""
+        WITH s AS (
+            SELECT concept, ts_ns, value AS c,
+                   lag(value) OVER (PARTITION BY source, engine, dp_rank, tp_rank, pp_rank, ep_rank,
+                       labels, concept ORDER BY ts_ns) AS prev
+            FROM engine_samples
+            WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, concept){where}
+        )
+        SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin,
+               sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS increase
+        FROM s WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin"""
+    args = [start_ns - int(lookback_s * NS), end_ns, list(concepts), *params, start_ns, bin_ns, start_ns]
+    return con.execute(sql, args).pl()
+
+
+def window_means(
+    con: duckdb.DuckDBPyConnection,
+    start_ns: int,
+    end_ns: int,
+    *,
+    keys: Sequence[str] | None = None,
+    concepts: Sequence[str] = HISTOGRAMS,
+    lookback_s: float = 120.0,
+) -> dict[str, float]:
+    """Rule 5: ``{concept: mean seconds}`` from ``_sum``/``_count`` increases (exact means)."""
+    names = [f"{c}_{part}" for c in concepts for part in ("sum", "count")]
+    inc = counter_increases(con, start_ns, end_ns, names, keys=keys, lookback_s=lookback_s)
+    got = dict(zip(inc["concept"].to_list(), inc["increase"].to_list(), strict=True))
+    out: dict[str, float] = {}
+    for c in concepts:
+        s, n = got.get(f"{c}_sum"), got.get(f"{c}_count")
+        if s is not None and n:
+            out[c] = float(s) / float(n)
+    return out

@@ -1,0 +1,91 @@
+"""Every threshold the envelope, crossover and regression analyses compare a signal with.
+
+One pydantic object, built once and passed in (no module-level mutable state). Each field says
+what it is compared with and where the number comes from; an SRE who disagrees changes one
+field, and every verdict's evidence quotes the value that was in force.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Thresholds(BaseModel):
+    """Thresholds for zones, network signals, Cp and regressions (units in the names)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # -- compute zone (REFERENCE §1: tensor ≥ 0.5 and SM ≥ 0.6-0.8) -----------------------------
+    compute_tensor_min_ratio: float = Field(
+        default=0.5, ge=0, le=1, description="PIPE_TENSOR_ACTIVE at or above"
+    )
+    compute_sm_min_ratio: float = Field(default=0.6, ge=0, le=1, description="SM_ACTIVE at or above")
+    # -- HBM bandwidth zone (REFERENCE §1: DRAM_ACTIVE ≥ 0.5 and ≥ SM_ACTIVE, tensor low) -------
+    hbm_dram_min_ratio: float = Field(default=0.5, ge=0, le=1, description="DRAM_ACTIVE at or above")
+    hbm_tensor_max_ratio: float = Field(default=0.5, ge=0, le=1, description="tensor activity below (decode)")
+    # -- KV capacity zone (REFERENCE §6: KV full, preemptions, queue grows, TTFT = queue time) -----
+    kv_usage_min_ratio: float = Field(default=0.9, ge=0, le=1, description="engine KV usage at or above")
+    kv_preemptions_min_per_s: float = Field(default=0.01, ge=0, description="preemption rate above")
+    kv_waiting_min_ratio: float = Field(default=0.5, ge=0, description="waiting / running at or above")
+    kv_queue_share_min_ratio: float = Field(
+        default=0.5, ge=0, le=1, description="queue time / TTFT at or above"
+    )
+    # -- network zone (REFERENCE §6 and the four signals of seed §16) -----------------------------
+    net_collective_share_min_ratio: float = Field(
+        default=0.25, ge=0, le=1, description="exposed collective time / wall time at or above"
+    )
+    net_busbw_max_ratio: float = Field(default=0.5, ge=0, le=1, description="busbw / capability at or below")
+    net_unsaturated_max_ratio: float = Field(
+        default=0.5, ge=0, le=1, description="GPUs count as unsaturated when SM and DRAM activity are below"
+    )
+    net_latency_slope_min: float = Field(
+        default=0.5, ge=0, description="d log ITL p99 / d log concurrency at or above (while unsaturated)"
+    )
+    net_gap_widening_min_ratio: float = Field(
+        default=1.5, ge=1, description="(p99/p50 − 1) at high load ÷ at low load, at or above"
+    )
+    net_throughput_elasticity_max: float = Field(
+        default=0.6, ge=0, le=1, description="d log tokens/s / d log concurrency below (sublinear)"
+    )
+    net_decode_stall_min_ratio: float = Field(default=3.0, ge=1, description="ITL p99 / ITL p50 at or above")
+    net_model_excess_min_ratio: float = Field(
+        default=1.5, ge=1, description="measured / model-expected ITL at or above (with GPUs unsaturated)"
+    )
+    net_min_load_spread_ratio: float = Field(
+        default=1.3, ge=1, description="max/min binned concurrency needed before slopes are judged"
+    )
+    # -- verdict ----------------------------------------------------------------------------------
+    near_fraction: float = Field(
+        default=0.85, gt=0, le=1, description="a value within this fraction counts half"
+    )
+    zone_min_score: float = Field(
+        default=0.6, ge=0, le=1, description="a zone is primary at or above this score"
+    )
+    secondary_min_score: float = Field(
+        default=0.4, ge=0, le=1, description="secondary zone at or above this score"
+    )
+    confidence_penalty_no_dcgm: float = Field(default=0.35, ge=0, le=1)
+    confidence_penalty_no_collectives: float = Field(default=0.15, ge=0, le=1)
+    confidence_penalty_no_histograms: float = Field(default=0.2, ge=0, le=1)
+    confidence_penalty_no_engine: float = Field(default=0.35, ge=0, le=1)
+    bin_s: float = Field(default=60.0, gt=0, description="time bin for slopes and trends inside a window")
+    counter_lookback_s: float = Field(
+        default=120.0, gt=0, description="how far before a window to find a counter base"
+    )
+    # -- crossover (Cp) ---------------------------------------------------------------------------
+    cp_knee_elasticity_max: float = Field(
+        default=0.35,
+        ge=0,
+        le=1,
+        description="past Cp: doubling concurrency adds under 2^0.35−1 ≈ 27 % throughput",
+    )
+    cp_bootstrap_rounds: int = Field(default=200, ge=10, le=5000)
+    cp_ttft_explosion_min_elasticity: float = Field(
+        default=1.5, ge=1, description="TTFT grows faster than concurrency^this: queueing, not prefill work"
+    )
+    # -- regressions ------------------------------------------------------------------------------
+    regression_min_ratio: float = Field(default=1.25, ge=1, description="p99 now / p99 baseline at or above")
+    regression_axis_min_change_ratio: float = Field(
+        default=0.2, ge=0, description="an axis 'moved' when it changed by at least this fraction"
+    )
+    regression_baseline: str = Field(default="day_before", pattern="^(day_before|trailing_7d)$")
