@@ -66,7 +66,7 @@ def merge_intervals(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.nda
     return starts, ends
 
 
-def _busy(starts: np.ndarray, ends: np.ndarray) -> int:
+def busy(starts: np.ndarray, ends: np.ndarray) -> int:
     return int(ends.sum() - starts.sum())
 
 
@@ -85,7 +85,7 @@ def intersection(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarr
     return total
 
 
-def _merged_by_type(rank_df: pl.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def merged_by_type(rank_df: pl.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     out = {}
     for ktype in TYPES:
         sub = rank_df.filter(pl.col("kernel_type") == ktype)
@@ -105,8 +105,8 @@ def temporal_breakdown(kernels: pl.DataFrame) -> pl.DataFrame:
         if starts.size == 0:
             continue
         kernel_time = int(ends[-1] - starts[0])
-        idle = kernel_time - _busy(starts, ends)
-        compute = _busy(*_merged_by_type(df)["COMPUTATION"])
+        idle = kernel_time - busy(starts, ends)
+        compute = busy(*merged_by_type(df)["COMPUTATION"])
         non_compute = kernel_time - compute - idle
         rows.append(
             {"rank": rank, "idle_time(us)": idle, "compute_time(us)": compute,
@@ -121,8 +121,8 @@ def comm_comp_overlap(kernels: pl.DataFrame) -> pl.DataFrame:
     """Rule 4, one row per rank, with the microsecond totals behind the percentage."""
     rows = []
     for (rank,), df in kernels.group_by(["rank"], maintain_order=True):
-        merged = _merged_by_type(df)
-        comm = _busy(*merged["COMMUNICATION"])
+        merged = merged_by_type(df)
+        comm = busy(*merged["COMMUNICATION"])
         both = intersection(merged["COMMUNICATION"], merged["COMPUTATION"])
         rows.append(
             {"rank": rank, "comm_busy(us)": comm, "comm_comp_overlap(us)": both,
@@ -137,8 +137,10 @@ def per_rank_merged_busy(kernels: pl.DataFrame) -> pl.DataFrame:
     for (rank,), df in kernels.group_by(["rank"], maintain_order=True):
         for ktype in sorted((*TYPES, "OTHER")):
             sub = df.filter(pl.col("kernel_type") == ktype)
-            busy = _busy(*merge_intervals(sub["ts_us"].to_numpy(), sub["dur_us"].to_numpy()))
-            rows.append({"rank": rank, "kernel_type": ktype, "n_kernels": sub.height, "merged_busy_us": busy})
+            total = busy(*merge_intervals(sub["ts_us"].to_numpy(), sub["dur_us"].to_numpy()))
+            rows.append(
+                {"rank": rank, "kernel_type": ktype, "n_kernels": sub.height, "merged_busy_us": total}
+            )
     return pl.DataFrame(rows).sort("rank", maintain_order=True) if rows else pl.DataFrame()
 
 
@@ -151,7 +153,7 @@ def kernel_type_breakdown(kernels: pl.DataFrame) -> pl.DataFrame:
     totals: dict[str, int] = {}
     for _rank, df in kernels.group_by(["rank"], maintain_order=True):
         times, deltas = [], []
-        for i, (s, e) in enumerate(_merged_by_type(df).values()):
+        for i, (s, e) in enumerate(merged_by_type(df).values()):
             times += [s, e]
             deltas += [np.full(s.size, 1 << i), np.full(e.size, -(1 << i))]
         t, d = np.concatenate(times), np.concatenate(deltas)
