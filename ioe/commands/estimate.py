@@ -1,0 +1,172 @@
+"""``ioe estimate``: expected TTFT/TPOT of one layout, or of every row of a calibration-style CSV.
+
+Single form: ``ioe estimate --model M --gpu G --tp T --pp P --batch B --isl I --osl O [--json]``.
+Batch form: ``ioe estimate --csv FILE [--out FILE]`` reads rows with the columns of
+``dense_calibration.csv`` (model_path, system, backend, precision, mode, isl, osl, batch_size,
+tp_size, pp_size, moe_ep_size, prefill_* / decode_* for disaggregated rows) and writes them back
+with ``predicted_ttft_ms``, ``predicted_tpot_ms``, ``predicted_wall``, ``weights_per_gpu_gb``,
+``max_sequences`` and ``estimate_error`` (why a row could not be estimated; the row is kept).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from analyzer import catalog, modelcfg, perf
+from analyzer.capacity import Layout
+
+ADDED = (
+    "predicted_ttft_ms",
+    "predicted_tpot_ms",
+    "predicted_wall",
+    "weights_per_gpu_gb",
+    "max_sequences",
+    "estimate_error",
+)
+
+
+def _num(row: dict[str, str], col: str, default: int | None = None) -> int:
+    """An integer cell (CSV writes ``8.0``); empty uses ``default``; otherwise a clear error."""
+    text = (row.get(col) or "").strip()
+    if not text:
+        if default is None:
+            raise ValueError(f"column {col!r} is empty")
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"column {col!r} is not a number (got {text!r})") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"column {col!r} must be a finite non-negative number (got {text!r})")
+    return int(value)
+
+
+def _precision(row: dict[str, str]) -> str:
+    """Empty precision in the calibration CSV means the checkpoint's BF16."""
+    p = (row.get("precision") or "").strip().lower()
+    return p or "bf16"
+
+
+def _layout(row: dict[str, str], prefix: str = "") -> Layout:
+    ep = _num(row, f"{prefix}moe_ep_size", 1) or 1
+    adp = _num(row, f"{prefix}attention_dp_size", 1) > 1
+    return Layout(
+        tp=_num(row, f"{prefix}tp_size", 1), pp=_num(row, f"{prefix}pp_size", 1), ep=ep, attention_dp=adp
+    )
+
+
+def estimate_row(row: dict[str, str]) -> perf.Estimate:
+    """The estimate for one calibration-style row; raises ``ValueError``/``KeyError`` naming the column."""
+    model = modelcfg.load(row.get("model_path") or row.get("model") or "")
+    gpu = catalog.gpu(row.get("system") or row.get("gpu") or "")
+    backend = (row.get("backend") or "vllm").strip().lower()
+    isl, osl, precision = _num(row, "isl"), _num(row, "osl"), _precision(row)
+    if (row.get("mode") or "agg").strip() == "disagg":
+        return perf.disaggregated_latency(
+            model, gpu, _layout(row, "prefill_"), _layout(row, "decode_"),
+            _num(row, "prefill_batch_size", 1), _num(row, "decode_batch_size", 1),
+            isl, osl, backend, precision,
+        )  # fmt: skip
+    burst = perf.EFFICIENCY[backend].burst_share if backend in perf.EFFICIENCY else 0.0
+    return perf.expected_latency(
+        model, gpu, _layout(row), _num(row, "batch_size"), isl, osl, backend, precision, burst_share=burst
+    )
+
+
+def annotate(row: dict[str, str]) -> dict[str, Any]:
+    """``row`` with the :data:`ADDED` columns; a row that cannot be estimated says why and is kept."""
+    out: dict[str, Any] = dict(row)
+    try:
+        est = estimate_row(row)
+    except (ValueError, KeyError) as exc:
+        out.update({k: "" for k in ADDED})
+        out["estimate_error"] = str(exc).strip("\"'")
+        return out
+    out.update({
+        "predicted_ttft_ms": round(est.ttft_s * 1e3, 3),
+        "predicted_tpot_ms": round(est.tpot_s * 1e3, 4),
+        "predicted_wall": est.wall,
+        "weights_per_gpu_gb": round(est.terms.get("weights_per_gpu_bytes", 0.0) / 1e9, 3),
+        "max_sequences": int(est.terms.get("max_sequences", 0)),
+        "estimate_error": "",
+    })  # fmt: skip
+    return out
+
+
+def annotate_csv(src: Path) -> list[dict[str, Any]]:
+    """Every row of ``src`` annotated (see :func:`annotate`)."""
+    with src.open(newline="") as fh:
+        return [annotate(r) for r in csv.DictReader(fh)]
+
+
+def write_rows(rows: list[dict[str, Any]], dest: Any) -> None:
+    if not rows:
+        return
+    writer = csv.DictWriter(dest, fieldnames=list(rows[0].keys()))
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def _single(
+    model: str, gpu: str, layout: Layout, batch: int, isl: int, osl: int, backend: str, precision: str
+) -> dict[str, Any]:
+    est = perf.expected_latency(
+        modelcfg.load(model), catalog.gpu(gpu), layout, batch, isl, osl, backend, precision
+    )
+    return {
+        "model": model, "gpu": catalog.gpu(gpu).name, "layout": layout.label(), "batch": batch,
+        "isl": isl, "osl": osl, "backend": backend, "precision": precision,
+        "ttft_ms": est.ttft_s * 1e3, "tpot_ms": est.tpot_s * 1e3, "running": est.running,
+        "wall": est.wall, "terms": est.terms,
+    }  # fmt: skip
+
+
+def estimate(
+    model: str = typer.Option("", "--model", help="Shipped model name or path to a config.json."),
+    gpu: str = typer.Option("h100_sxm", "--gpu", help="GPU name (catalog key or DCGM modelName)."),
+    tp: int = typer.Option(1, "--tp", min=1),
+    pp: int = typer.Option(1, "--pp", min=1),
+    ep: int = typer.Option(1, "--ep", min=1),
+    batch: int = typer.Option(1, "--batch", min=1, help="Concurrent requests per replica."),
+    isl: int = typer.Option(1024, "--isl", min=1),
+    osl: int = typer.Option(128, "--osl", min=1),
+    backend: str = typer.Option("vllm", "--backend", help="vllm | sglang | trtllm"),
+    precision: str = typer.Option("bf16", "--precision", help="bf16 | fp8 | fp4"),
+    csv_in: Path | None = typer.Option(None, "--csv", help="Calibration-style CSV to annotate."),
+    out: Path | None = typer.Option(None, "--out", help="Where to write the annotated CSV (default stdout)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Expected TTFT and TPOT (with the model terms) for a layout, or for every row of a CSV."""
+    if csv_in is not None:
+        rows = annotate_csv(csv_in)
+        if out is None:
+            write_rows(rows, sys.stdout)
+        else:
+            with out.open("w", newline="") as fh:
+                write_rows(rows, fh)
+        return
+    try:
+        result = _single(
+            model, gpu, Layout(tp=tp, pp=pp, ep=ep), batch, isl, osl, backend.lower(), precision.lower()
+        )
+    except (ValueError, KeyError) as exc:
+        typer.echo(f"estimate refused: {str(exc).strip(chr(34))}", err=True)
+        raise typer.Exit(2) from exc
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    typer.echo(f"{result['model']} on {result['gpu']} {result['layout']} batch {batch} ISL {isl} OSL {osl}")
+    typer.echo(
+        f"  TTFT {result['ttft_ms']:.1f} ms   TPOT {result['tpot_ms']:.2f} ms   wall: {result['wall']}"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("estimate")(estimate)
