@@ -14,7 +14,7 @@ Rules:
     Cp is reported as a lower bound (``cp`` None, ``cp_lower_bound`` = max concurrency).
  3. Uncertainty: a wild bootstrap (residuals × random ±1, ``cp_bootstrap_rounds`` rounds, fixed
     seed) refits rule 2; ``cp_low``/``cp_high`` are the 10th/90th percentiles of the reached
-    breakpoints and ``p_reached`` the share of rounds that reached one.
+    breakpoints (widened to hold the point estimate) and ``p_reached`` the share of rounds that reached one.
  4. The latency knee is the same hinge fit on log latency: where its slope turns up.
  5. A load point is *queue-bound* (zone ``kv_capacity``) when TTFT grows faster than
     concurrency^``cp_ttft_explosion_min_elasticity`` from the previous point: prefill work grows at
@@ -71,7 +71,7 @@ class CpFit:
         return asdict(self)
 
 
-def hinge_fit(x: np.ndarray, y: np.ndarray, grid: int = 60) -> tuple[float, float, float, float] | None:
+def hinge_fit(x: np.ndarray, y: np.ndarray, grid: int = 40) -> tuple[float, float, float, float] | None:
     """Rule 2: ``(breakpoint, slope_before, slope_after, sse)`` of a continuous hinge on (x, y)."""
     if len(x) < 3 or np.ptp(x) <= 0:
         return None
@@ -119,8 +119,8 @@ def fit_cp(
         lat_knee = float(2 ** lfit[0]) if lfit and lfit[2] > lfit[1] else None
     return CpFit(
         cp=float(2 ** fit[0]) if fit and reached else None,
-        cp_low=float(2 ** np.percentile(boots, 10)) if reached and len(boots) else None,
-        cp_high=float(2 ** np.percentile(boots, 90)) if reached and len(boots) else None,
+        cp_low=float(2 ** min(np.percentile(boots, 10), fit[0])) if fit and reached and len(boots) else None,
+        cp_high=float(2 ** max(np.percentile(boots, 90), fit[0])) if fit and reached and len(boots) else None,
         p_reached=round(len(boots) / th.cp_bootstrap_rounds, 3),
         reached=reached,
         cp_lower_bound=None if reached else top,
@@ -145,7 +145,7 @@ def _bootstrap(
     rng = np.random.default_rng(seed)
     got = []
     for _ in range(th.cp_bootstrap_rounds):
-        refit = hinge_fit(x, pred + resid * rng.choice((-1.0, 1.0), size=len(x)), grid=30)
+        refit = hinge_fit(x, pred + resid * rng.choice((-1.0, 1.0), size=len(x)))
         if _reached(refit, th) and refit is not None:
             got.append(refit[0])
     return np.asarray(got)
@@ -271,3 +271,43 @@ def _busbw_capability(con: duckdb.DuckDBPyConnection, op: str, n_ranks: int) -> 
         [op, n_ranks],
     ).fetchone()
     return float(row[0]) if row and row[0] else None
+
+
+def cp_from_store(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, th: Thresholds
+) -> CpFit:
+    """Rules 2-4 on the deployment's own per-bin history: running vs tokens/s per GPU, ITL p99."""
+    bins = load_bins(con, dep, start_ns, end_ns, th).drop_nulls(["running", "tokens_per_s"])
+    per_gpu = bins["tokens_per_s"] / max(dep.n_gpus, 1)
+    lat = bins["itl_p99_s"].fill_null(float("nan")) if "itl_p99_s" in bins.columns else None
+    return fit_cp(bins["running"].to_list(), per_gpu.to_list(), None if lat is None else lat.to_list(), th)
+
+
+def headroom(
+    *,
+    running: float | None,
+    kv_usage: float | None,
+    dram: float | None,
+    busbw_ratio: float | None,
+    ttft_p99_s: float | None,
+    itl_p99_s: float | None,
+    ttft_slo_s: float | None,
+    itl_slo_s: float | None,
+) -> dict[str, Any]:
+    """Rule 8: what is left on each axis (None where a source is missing)."""
+    kv_left = None
+    if running is not None and kv_usage:
+        kv_left = round(running * (1.0 / min(kv_usage, 1.0) - 1.0), 1)
+    return {
+        "kv_sequences_left": kv_left,
+        "hbm_bandwidth_left_ratio": None
+        if dram is None
+        else round(max(1 - dram / DRAM_PRACTICAL_CEILING, 0), 3),
+        "fabric_left_ratio": None if busbw_ratio is None else round(max(1 - busbw_ratio, 0), 3),
+        "ttft_slo_margin_s": None
+        if ttft_slo_s is None or ttft_p99_s is None
+        else round(ttft_slo_s - ttft_p99_s, 4),
+        "itl_slo_margin_s": None
+        if itl_slo_s is None or itl_p99_s is None
+        else round(itl_slo_s - itl_p99_s, 4),
+    }

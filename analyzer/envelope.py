@@ -188,17 +188,11 @@ def _engine_window(
 def _expected(dep: Deployment, sig: Signals, model: ExpectedLatency | None) -> dict[str, float]:
     if model is None or "requests_running" not in sig.engine:
         return {}
-    running = sig.engine["requests_running"]
-    prompt_rate = sig.engine.get("prompt_tokens_per_s", 0.0)
-    ttft_mean = sig.means.get("ttft_seconds")
-    load = {
-        "running": running,
-        "kv_usage_ratio": sig.engine.get("kv_usage_ratio", 0.0),
-        "prompt_tokens_per_s": prompt_rate,
-        "ttft_mean_s": ttft_mean or 0.0,
-    }
-    got = model(dep, load) or {}
-    return {k: float(v) for k, v in got.items() if v is not None}
+    e = sig.engine
+    load = {"running": e["requests_running"], "kv_usage_ratio": e.get("kv_usage_ratio", 0.0),
+            "prompt_tokens_per_s": e.get("prompt_tokens_per_s", 0.0),
+            "ttft_mean_s": sig.means.get("ttft_seconds", 0.0)}  # fmt: skip
+    return {k: float(v) for k, v in (model(dep, load) or {}).items() if v is not None}
 
 
 def _missing(
@@ -328,16 +322,13 @@ def _pick(scores: dict[str, float | None], th: Thresholds) -> tuple[str, str | N
 
 
 def _penalties(sig: Signals, th: Thresholds) -> dict[str, float]:
-    out: dict[str, float] = {}
-    if "sm_active_ratio" not in sig.gpu:
-        out["no DCGM"] = th.confidence_penalty_no_dcgm
-    if not sig.collectives:
-        out["no collective records"] = th.confidence_penalty_no_collectives
-    if not sig.quantiles:
-        out["no histograms"] = th.confidence_penalty_no_histograms
-    if not sig.engine:
-        out["no engine series"] = th.confidence_penalty_no_engine
-    return out
+    gaps = {
+        "no DCGM": ("sm_active_ratio" not in sig.gpu, th.confidence_penalty_no_dcgm),
+        "no collective records": (not sig.collectives, th.confidence_penalty_no_collectives),
+        "no histograms": (not sig.quantiles, th.confidence_penalty_no_histograms),
+        "no engine series": (not sig.engine, th.confidence_penalty_no_engine),
+    }
+    return {name: penalty for name, (absent, penalty) in gaps.items() if absent}
 
 
 def _compute_checks(c: _Checks, sig: Signals) -> None:
@@ -576,3 +567,37 @@ def analyze_envelope(
         con, dep, start_ns, end_ns, th, network_evidence=network_evidence, expected_latency=expected_latency
     )
     return classify(sig, th, dep.name, start_ns, end_ns)
+
+
+def analyze_deployment(
+    con: duckdb.DuckDBPyConnection,
+    dep: Deployment,
+    start_ns: int,
+    end_ns: int,
+    th: Thresholds | None = None,
+    *,
+    history_s: float = 86400.0,
+    network_evidence: NetworkEvidence | None = None,
+    expected_latency: ExpectedLatency | None = None,
+) -> dict[str, Any]:
+    """The full report for one deployment: zone verdict, Cp over ``history_s``, headroom per axis."""
+    from analyzer.crossover import cp_from_store, headroom
+
+    th = th or Thresholds()
+    sig = gather(
+        con, dep, start_ns, end_ns, th, network_evidence=network_evidence, expected_latency=expected_latency
+    )
+    verdict = classify(sig, th, dep.name, start_ns, end_ns)
+    p99 = {c: sig.quantiles.get(c, {}).get(0.99) for c in ("ttft_seconds", "itl_seconds")}
+    room = headroom(
+        running=sig.engine.get("requests_running"),
+        kv_usage=sig.engine.get("kv_usage_ratio"),
+        dram=sig.gpu.get("dram_active_ratio"),
+        busbw_ratio=sig.collectives.get("busbw_ratio"),
+        ttft_p99_s=p99["ttft_seconds"],
+        itl_p99_s=p99["itl_seconds"],
+        ttft_slo_s=dep.ttft_slo_s,
+        itl_slo_s=dep.itl_slo_s,
+    )
+    cp = cp_from_store(con, dep, max(end_ns - int(history_s * NS), 0), end_ns, th)
+    return {"deployment": dep.summary(), "envelope": verdict.as_dict(), "cp": cp.as_dict(), "headroom": room}

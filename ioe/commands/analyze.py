@@ -1,0 +1,131 @@
+"""``ioe analyze``: zones, evidence, Cp, headroom and p99 regressions per deployment.
+
+``ioe analyze --store FILE [--deployment D] [--window 15m] [--at TIME] [--json]``. The command is a
+typer group (``invoke_without_command``) so sub-commands such as ``ioe analyze stragglers`` can be
+added beside the default report. It opens the store read-only and prints; the analysis itself is
+:func:`analyzer.envelope.analyze_deployment` and :func:`analyzer.regression.p99_regression`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from analyzer.deployments import Deployment, find_deployment, list_deployments
+from analyzer.envelope import analyze_deployment
+from analyzer.thresholds import Thresholds
+from ioe.readonly import open_readonly
+
+NS = 1_000_000_000
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+analyze_app = typer.Typer(help="Envelope zones, Cp, headroom and p99 regressions per deployment.")
+
+
+def parse_duration(text: str) -> float:
+    """``"15m"`` → 900.0; raises ``typer.BadParameter`` quoting the text otherwise."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m or float(m.group(1)) <= 0:
+        raise typer.BadParameter(f"window {text!r}: expected a positive number with s, m, h or d (e.g. 15m)")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+def parse_time(text: str) -> int:
+    """Unix seconds or ISO-8601 (UTC when no zone) → ns; ``BadParameter`` quoting the text otherwise."""
+    try:
+        return int(float(text) * NS)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise typer.BadParameter(f"--at {text!r}: expected Unix seconds or ISO-8601 time") from exc
+    return int((dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp() * NS)
+
+
+def _latest_ns(con: Any) -> int | None:
+    row = con.execute(
+        "SELECT greatest(coalesce((SELECT max(ts_ns) FROM engine_samples), 0),"
+        " coalesce((SELECT max(ts_ns) FROM gpu_samples), 0))"
+    ).fetchone()
+    return int(row[0]) if row and row[0] else None
+
+
+def build_report(con: Any, deps: list[Deployment], end_ns: int, window_s: float) -> dict[str, Any]:
+    """The JSON document ``--json`` prints (the API serves the same objects)."""
+    from analyzer.regression import p99_regression
+
+    th = Thresholds()
+    start_ns = end_ns - int(window_s * NS)
+    out = []
+    for dep in deps:
+        report = analyze_deployment(con, dep, start_ns, end_ns, th)
+        report["regression"] = p99_regression(con, dep, start_ns, end_ns, th).as_dict()
+        out.append(report)
+    return {"window": {"start_ns": start_ns, "end_ns": end_ns, "seconds": window_s}, "deployments": out}
+
+
+def _text(report: dict[str, Any]) -> str:
+    lines = []
+    for d in report["deployments"]:
+        env, cp, room = d["envelope"], d["cp"], d["headroom"]
+        name = d["deployment"]["name"]
+        second = f", secondary {env['secondary']}" if env["secondary"] else ""
+        lines.append(f"{name}: {env['primary']}{second} (confidence {env['confidence']:.2f})")
+        for e in env["evidence"]:
+            if e["verdict"] != "info":
+                lines.append(f"  [{e['verdict']:>4}] {e['zone']:<13} {e['signal']:<30} {e['value']!s:<12} "
+                             f"{e['compared_with']:<8} {e['note']}")  # fmt: skip
+        cp_text = f"{cp['cp']:.1f} ({cp['cp_low']:.1f}-{cp['cp_high']:.1f})" if cp["cp"] else (
+            f"not reached (> {cp['cp_lower_bound']})")  # fmt: skip
+        lines.append(f"  Cp: {cp_text}; headroom: {json.dumps(room)}")
+        reg = d["regression"]
+        for m in reg["metrics"]:
+            lines.append(f"  p99 {m['metric']}: {m['now_s']} s vs {m['baseline_s']} s ({m['verdict']})")
+        for m in env["missing"]:
+            lines.append(f"  missing: {m}")
+    return "\n".join(lines)
+
+
+@analyze_app.callback(invoke_without_command=True)
+def analyze(
+    ctx: typer.Context,
+    store: Path = typer.Option(..., "--store", help="DuckDB store file."),
+    deployment: str | None = typer.Option(None, "--deployment", help="Only this deployment."),
+    window: str = typer.Option("15m", "--window", help="Window length (s, m, h, d)."),
+    at: str | None = typer.Option(
+        None, "--at", help="Window end: Unix seconds or ISO-8601 (default: latest)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Print each deployment's zone with its evidence, Cp, headroom and p99 regressions."""
+    if ctx.invoked_subcommand is not None:
+        return
+    window_s = parse_duration(window)
+    if not store.exists():
+        typer.echo(f"store {store}: no such file", err=True)
+        raise typer.Exit(2)
+    con = open_readonly(store)
+    try:
+        end_ns = parse_time(at) if at else _latest_ns(con)
+        if end_ns is None:
+            typer.echo(f"store {store}: no engine or GPU samples to analyze", err=True)
+            raise typer.Exit(1)
+        try:
+            deps = [find_deployment(con, deployment)] if deployment else list_deployments(con)
+        except KeyError as exc:
+            typer.echo(str(exc.args[0]), err=True)
+            raise typer.Exit(2) from exc
+        report = build_report(con, deps, end_ns, window_s)
+    finally:
+        con.close()
+    typer.echo(json.dumps(report, indent=2, default=str) if as_json else _text(report))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(analyze_app, name="analyze")
