@@ -58,7 +58,7 @@ import binascii
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,7 +97,13 @@ TEXT_ATTRS: dict[str, tuple[str, ...]] = {  # column -> attribute names, most pr
     "request_id": ("gen_ai.request.id", "rid"),
     "finish_reason": ("gen_ai.response.finish_reasons", "gen_ai.response.finish_reason"),
 }
-_TEXT_KEYS = frozenset(k for keys in TEXT_ATTRS.values() for k in keys)
+# attribute name -> (kind, column, preference): one lookup per attribute on the hot path.
+_MAPPED: dict[str, tuple[str, str, int]] = {
+    **{k: ("s", c, 0) for k, c in LATENCY_ATTRS.items()},
+    **{k: ("n", c, 0) for k, c in TOKEN_ATTRS.items()},
+    **{k: ("t", c, rank) for c, keys in TEXT_ATTRS.items() for rank, k in enumerate(keys)},
+}
+_SCALARS = frozenset({"string_value", "int_value", "double_value", "bool_value"})
 _ENGINE_WORDS = (
     ("vllm", "vllm"),
     ("sglang", "sglang"),
@@ -250,7 +256,9 @@ def attributes(kvs: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     kv: KeyValue
     for kv in kvs:
-        out[kv.key] = any_value(kv.value)
+        value = kv.value
+        kind = value.WhichOneof("value")
+        out[kv.key] = getattr(value, kind) if kind in _SCALARS else any_value(value)
     return out
 
 
@@ -262,12 +270,17 @@ def is_request_span(name: str, attrs: dict[str, Any]) -> bool:
     return any(k.startswith(("gen_ai.latency.", "gen_ai.usage.")) for k in attrs)
 
 
-def engine_of(service: str, scope: str, name: str, attrs: dict[str, Any], event_names: set[str]) -> str:
-    """Rule 12 of the module docstring."""
+def engine_by_name(service: str, scope: str) -> str:
+    """Rule 12, first half: the engine named by service.name, then by the scope name."""
     for text in (service.lower(), scope.lower()):
         for word, engine in _ENGINE_WORDS:
             if word in text:
                 return engine
+    return ""
+
+
+def engine_by_shape(name: str, attrs: dict[str, Any], event_names: set[str]) -> str:
+    """Rule 12, second half: the engine told by the span's shape."""
     if "gen_ai.latency.kv_cache_transfer_time" in attrs or event_names.intersection(_KV_EVENTS):
         return "trtllm"
     if _SGLANG_ROOT.match(name):
@@ -279,9 +292,13 @@ def dp_rank_of(*attr_maps: dict[str, Any]) -> int:
     """Rule 13: the first integer ``dp_rank`` / ``*.dp_rank`` attribute, else -1."""
     for attrs in attr_maps:
         for key, value in attrs.items():
-            if (key == "dp_rank" or key.endswith(".dp_rank")) and _is_int(value):
+            if _is_dp_rank(key, value):
                 return int(value)
     return -1
+
+
+def _is_dp_rank(key: str, value: Any) -> bool:
+    return (key == "dp_rank" or key.endswith(".dp_rank")) and _is_int(value)
 
 
 def _is_int(value: Any) -> bool:
@@ -336,15 +353,33 @@ def problems_frame(problems: list[Problem], *, source: str, ts_ns: int) -> pl.Da
 
 
 # -- rows -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Origin:
+    """What a span's resource and scope say, worked out once per scope (rules 12–14)."""
+
+    service: str
+    scope: str
+    engine: str
+    dp_rank: int
+    extra: dict[str, Any]
+
+    @classmethod
+    def of(cls, resource: dict[str, Any], scope: str) -> _Origin:
+        service = _text(resource.get("service.name"))
+        extra = {
+            f"resource.{k}": v
+            for k, v in resource.items()
+            if k != "service.name" and not k.startswith("telemetry.")
+        }
+        return cls(service, scope, engine_by_name(service, scope), dp_rank_of(resource), extra)
+
+
 @dataclass
 class _Seen:
-    """One span with what its resource and scope say about it."""
+    """A span that is not a request, kept until the request spans are known (rule 4)."""
 
     span: Span
     attrs: dict[str, Any]
-    resource: dict[str, Any]
-    scope: str
-    location: str
 
 
 def request_rows(req: ExportTraceServiceRequest) -> SpanRows:
@@ -353,65 +388,62 @@ def request_rows(req: ExportTraceServiceRequest) -> SpanRows:
     parents: dict[_Key, bytes] = {}
     others: dict[_Key, _Seen] = {}
     rejected: list[Problem] = []
-    for seen in _walk(req):
-        span = seen.span
-        try:
-            check_span(span)
-            key = (span.trace_id, span.span_id)
-            if key in parents:  # rule 15: a repeat within the request
-                continue
-            if is_request_span(span.name, seen.attrs):
-                rows[key] = _row(seen)
-            else:
-                others[key] = seen
-            parents[key] = span.parent_span_id
-        except SpanInvalid as exc:
-            rejected.append(Problem(f"{seen.location} {quote(span.name, 60)}", str(exc)))
+    for where, origin, spans in _scopes(req):
+        for i, span in enumerate(spans):
+            try:
+                check_span(span)
+                key = (span.trace_id, span.span_id)
+                if key in parents:  # rule 15: a repeat within the request
+                    continue
+                attrs = attributes(span.attributes)
+                if is_request_span(span.name, attrs):
+                    rows[key] = _row(span, attrs, origin)
+                else:
+                    others[key] = _Seen(span, attrs)
+                parents[key] = span.parent_span_id
+            except SpanInvalid as exc:
+                rejected.append(Problem(f"{where}.spans[{i}] {quote(span.name, 60)}", str(exc)))
     folded = sum(_fold(seen, rows, parents) for seen in others.values())
     return SpanRows(
-        frame=frame(REQUEST_SPANS.name, [_finish(r) for r in rows.values()]) if rows else _empty(),
-        rejected=rejected,
-        folded=folded,
-        ignored=len(others) - folded,
+        frame=_frame(rows.values()), rejected=rejected, folded=folded, ignored=len(others) - folded
     )
 
 
-def _empty() -> pl.DataFrame:
-    return frame(REQUEST_SPANS.name, {})
-
-
-def _walk(req: ExportTraceServiceRequest) -> Iterator[_Seen]:
+def _scopes(req: ExportTraceServiceRequest) -> Iterator[tuple[str, _Origin, Any]]:
     for ri, rs in enumerate(req.resource_spans):
         resource = attributes(rs.resource.attributes)
         for si, ss in enumerate(rs.scope_spans):
-            where = f"resource_spans[{ri}].scope_spans[{si}]"
-            for i, span in enumerate(ss.spans):
-                yield _Seen(span, attributes(span.attributes), resource, ss.scope.name, f"{where}.spans[{i}]")
+            yield f"resource_spans[{ri}].scope_spans[{si}]", _Origin.of(resource, ss.scope.name), ss.spans
 
 
-def _row(seen: _Seen) -> dict[str, Any]:
+_COLUMNS = tuple(REQUEST_SPANS.column_names)
+
+
+def _frame(rows: Iterable[dict[str, Any]]) -> pl.DataFrame:
+    """Rows → a typed frame, column by column (rows lack the columns they have no value for)."""
+    done = [_finish(r) for r in rows]
+    return frame(REQUEST_SPANS.name, {c: [r.get(c) for r in done] for c in _COLUMNS})
+
+
+def _row(span: Span, attrs: dict[str, Any], origin: _Origin) -> dict[str, Any]:
     """The row of one request span (rules 8–14); unmapped attributes kept under ``_extra``."""
-    span, attrs = seen.span, seen.attrs
-    events = {e.name: e.time_unix_nano for e in span.events}
-    service = _text(seen.resource.get("service.name"))
     match = _SGLANG_ROOT.match(span.name)
+    events = {e.name: e.time_unix_nano for e in span.events} if span.events else {}
     row: dict[str, Any] = {
         "trace_id": span.trace_id.hex(),
         "span_id": span.span_id.hex(),
         "start_ns": span.start_time_unix_nano,
         "end_ns": span.end_time_unix_nano,
         "name": span.name,
-        "service": service,
-        "engine": engine_of(service, seen.scope, span.name, attrs, set(events)),
-        "dp_rank": dp_rank_of(attrs, seen.resource),
-        "role": match.group("role") if match else _text(attrs.get("role")),
-        "_extra": _unmapped(attrs, seen.resource),
+        "service": origin.service,
+        "engine": origin.engine or engine_by_shape(span.name, attrs, set(events)),
+        "dp_rank": origin.dp_rank,
+        "role": match.group("role") if match else "",
+        "request_id": match.group("rid") if match else "",
+        "_extra": dict(origin.extra),
         "_stages": {},
     }
-    row.update(_measures(attrs))
-    row.update({col: _first_text(attrs, keys) for col, keys in TEXT_ATTRS.items()})
-    if not row["request_id"] and match:
-        row["request_id"] = match.group("rid")
+    _map_attributes(row, attrs)
     if row.get("e2e_s") is None:
         row["e2e_s"] = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
     if row.get("kv_transfer_s") is None and all(e in events for e in _KV_EVENTS):
@@ -420,35 +452,30 @@ def _row(seen: _Seen) -> dict[str, Any]:
     return row
 
 
-def _measures(attrs: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _map_attributes(row: dict[str, Any], attrs: dict[str, Any]) -> None:
+    """One pass over the span's attributes: mapped ones to columns, the rest to ``_extra``."""
+    extra: dict[str, Any] = row["_extra"]
+    ranks: dict[str, int] = {}
+    span_dp = -1
     for key, value in attrs.items():
-        if key in LATENCY_ATTRS:
-            out[LATENCY_ATTRS[key]] = _seconds(key, value)
-        elif key in TOKEN_ATTRS:
-            out[TOKEN_ATTRS[key]] = _count(key, value)
-    return out
+        target = _MAPPED.get(key)
+        if target is None:
+            extra[key] = value
+            if span_dp == -1 and _is_dp_rank(key, value):
+                span_dp = row["dp_rank"] = int(value)
+            continue
+        kind, column, rank = target
+        if kind == "s":  # fast path for the usual well-formed value, full check otherwise
+            row[column] = value if type(value) is float and 0.0 <= value < math.inf else _seconds(key, value)
+        elif kind == "n":
+            row[column] = value if type(value) is int and value >= 0 else _count(key, value)
+        elif value not in (None, "", []) and rank < ranks.get(column, len(TEXT_ATTRS[column])):
+            row[column], ranks[column] = _text(value), rank
+    if "role" in extra and not row["role"]:
+        row["role"] = _text(extra.pop("role"))
 
 
-def _first_text(attrs: dict[str, Any], keys: tuple[str, ...]) -> str:
-    for key in keys:
-        if attrs.get(key) not in (None, "", []):
-            return _text(attrs[key])
-    return ""
-
-
-def _unmapped(attrs: dict[str, Any], resource: dict[str, Any]) -> dict[str, Any]:
-    mapped = LATENCY_ATTRS.keys() | TOKEN_ATTRS.keys() | _TEXT_KEYS
-    extra = {k: v for k, v in attrs.items() if k not in mapped}
-    for key, value in resource.items():
-        if key != "service.name" and not key.startswith("telemetry."):
-            extra[f"resource.{key}"] = value
-    return extra
-
-
-def _fold(
-    seen: _Seen, rows: dict[tuple[bytes, bytes], dict[str, Any]], parents: dict[tuple[bytes, bytes], bytes]
-) -> bool:
+def _fold(seen: _Seen, rows: dict[_Key, dict[str, Any]], parents: dict[_Key, bytes]) -> bool:
     """Rule 4: add ``seen`` to its request ancestor's stages; False when it has none."""
     trace, parent = seen.span.trace_id, seen.span.parent_span_id
     for _ in range(_MAX_HOPS):
