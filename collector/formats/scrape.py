@@ -1,0 +1,90 @@
+"""One scrape body (dcgm-exporter and/or engine ``/metrics``) -> canonical rows.
+
+``parse_scrape`` is what the HTTP scraper and ``ioe ingest`` call: it parses the exposition
+once and hands the samples to :mod:`collector.formats.dcgm` and/or
+:mod:`collector.formats.engine`.
+
+Rules:
+
+1. ``kind="dcgm"`` keeps GPU rows only, ``"engine"`` engine rows only, ``"auto"`` both: each
+   mapper takes only the names it knows (``DCGM_FI_*``/``DCGM_EXP_*`` vs ``vllm:``,
+   ``sglang:``, ``trtllm_``, ``dynamo_``, ``nv_inference_``), so a body holding both is fine.
+2. Bytes are decoded as UTF-8 with invalid bytes replaced by U+FFFD; the exposition parser
+   then refuses those lines (binary garbage keeps the good lines around it). The size cap is
+   checked on the raw bytes, before decoding.
+3. A body over the cap raises :class:`~collector.errors.ParseError` (nothing parsed); every
+   other refusal is a Problem in the result, named ``<source>: line N``.
+4. A captured file is recognized by content (:func:`sniff`): its first lines parse as
+   exposition samples and at least one is a GPU or engine metric, whatever its extension
+   (``.prom``, ``.openmetrics``, ``.txt``, gzipped or not). Its rows get ``ctx.ts_ns`` and
+   ``ctx.host``, and ``source = "<ctx.source>:<file name>"`` so that two files captured at
+   the same instant stay distinct series.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Literal
+
+from collector.errors import ParseError, Problem
+from collector.formats import FileFormat, IngestContext, Parsed
+from collector.formats.dcgm import is_gpu_metric, to_gpu_samples
+from collector.formats.engine import engine_of, to_engine_samples
+from collector.formats.exposition import MAX_BODY_CHARS, parse
+
+Kind = Literal["dcgm", "engine", "auto"]
+_SNIFF_LINES = 40
+
+
+def parse_scrape(
+    text: str | bytes,
+    *,
+    kind: Kind = "auto",
+    ts_ns: int,
+    host: str = "",
+    source: str = "",
+    max_bytes: int = MAX_BODY_CHARS,
+) -> Parsed:
+    """Canonical rows of one scrape body (rules 1-3)."""
+    if kind not in ("dcgm", "engine", "auto"):
+        raise ValueError(f"parse_scrape: kind must be dcgm, engine or auto, not {kind!r}")
+    if isinstance(text, bytes):
+        if len(text) > max_bytes:
+            raise ParseError(f"body of {len(text):,} bytes exceeds the cap of {max_bytes:,}", source=source)
+        text = text.decode("utf-8", errors="replace")
+    exp = parse(text, source=source, max_chars=max_bytes)
+    result = Parsed(problems=[_named(p, source) for p in exp.problems])
+    if kind in ("dcgm", "auto"):
+        result.extend(to_gpu_samples(exp, ts_ns=ts_ns, host=host, source=source))
+    if kind in ("engine", "auto"):
+        result.extend(to_engine_samples(exp, ts_ns=ts_ns, source=source))
+    return result
+
+
+def _named(problem: Problem, source: str) -> Problem:
+    return Problem(f"{source}: {problem.location}" if source else problem.location, problem.message)
+
+
+def sniff(name: str, head: bytes) -> bool:
+    """Rule 4: the head parses as exposition and holds a GPU or engine metric."""
+    text = head.decode("utf-8", errors="replace")
+    lines = [ln for ln in text.split("\n")[:-1] if ln.strip()][:_SNIFF_LINES]
+    if not lines or any(ln.lstrip().startswith("#Entity") for ln in lines):
+        return False
+    exp = parse("\n".join(lines), openmetrics=False)
+    if exp.problems or not exp.samples:
+        return False
+    return any(is_gpu_metric(s.name) or engine_of(s.name) for s in exp.samples)
+
+
+def load(path: Path, ctx: IngestContext) -> Parsed:
+    """Parse a captured scrape file (rule 4)."""
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    source = f"{ctx.source}:{path.name}" if ctx.source else path.name
+    return parse_scrape(raw, kind="auto", ts_ns=ctx.ts_ns, host=ctx.host, source=source)
+
+
+FILE_FORMAT = FileFormat(name="prometheus-scrape", sniff=sniff, load=load, priority=50)

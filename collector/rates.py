@@ -1,0 +1,85 @@
+"""Per-second rates of cumulative counters, from one scrape to the next.
+
+:class:`CounterRates` is the only stateful piece between a scrape and the store: parsers
+stay pure and leave ``rate_per_s`` NULL; a scraper keeps one ``CounterRates`` per target and
+passes every batch through :meth:`CounterRates.fill` before writing it.
+
+Rules:
+
+1. A row is a counter when its table says so: in ``engine_samples`` the concept ends in
+   ``_total``, ``_sum`` or ``_count``; in ``fabric_samples`` every row is a counter. Other
+   rows keep ``rate_per_s`` NULL.
+2. A series is the table's natural key without ``ts_ns``. Its rate is
+   ``(value - previous value) / (ts - previous ts)`` in per-second units.
+3. NULL on the first sample of a series (nothing to compare with).
+4. A value lower than the previous one is a counter reset (process restart): the rate is NULL,
+   because the increase since the restart is unknown (the counter may have been reset at any
+   time in the interval), and the new value becomes the reference. This matches the
+   ``engine_samples.rate_per_s`` contract in :mod:`collector.records`.
+5. A row not newer than the series' last one (a replayed or out-of-order scrape) gets NULL
+   and does not move the reference.
+6. State is bounded: at most ``max_series`` series are remembered; past that the least
+   recently updated is forgotten (its next sample is a "first" one again).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import polars as pl
+
+from collector.records import TABLES
+
+_COUNTER_SUFFIXES = ("_total", "_sum", "_count")
+
+
+class CounterRates:
+    """Remembers the last (ts_ns, value) of each counter series and fills ``rate_per_s``."""
+
+    def __init__(self, *, max_series: int = 100_000) -> None:
+        self.max_series = max_series
+        self._last: OrderedDict[tuple[Any, ...], tuple[int, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def fill(self, batch: pl.DataFrame, *, table: str = "engine_samples") -> pl.DataFrame:
+        """``batch`` with ``rate_per_s`` set for its counter rows (rules 1-5), in ts order."""
+        if batch.height == 0:
+            return batch
+        key_cols = [c for c in TABLES[table].key if c != "ts_ns"]
+        batch = batch.sort("ts_ns", maintain_order=True)
+        keys = batch.select(key_cols).rows()
+        rates = [
+            self._rate(table, key, ts, value) if _is_counter(table, key, key_cols) else None
+            for key, ts, value in zip(keys, batch["ts_ns"].to_list(), batch["value"].to_list(), strict=True)
+        ]
+        return batch.with_columns(pl.Series("rate_per_s", rates, dtype=pl.Float64))
+
+    def _rate(self, table: str, key: tuple[Any, ...], ts_ns: int, value: float | None) -> float | None:
+        if value is None:
+            return None
+        series = (table, *key)
+        previous = self._last.get(series)
+        if previous is not None and ts_ns <= previous[0]:
+            return None  # rule 5
+        self._remember(series, ts_ns, value)
+        if previous is None or value < previous[1]:
+            return None  # rules 3 and 4
+        return (value - previous[1]) / ((ts_ns - previous[0]) / 1e9)
+
+    def _remember(self, series: tuple[Any, ...], ts_ns: int, value: float) -> None:
+        self._last[series] = (ts_ns, value)
+        self._last.move_to_end(series)
+        while len(self._last) > self.max_series:
+            self._last.popitem(last=False)  # rule 6
+
+
+def _is_counter(table: str, key: tuple[Any, ...], key_cols: list[str]) -> bool:
+    """Rule 1."""
+    if table == "fabric_samples":
+        return True
+    if table == "engine_samples":
+        return str(key[key_cols.index("concept")]).endswith(_COUNTER_SUFFIXES)
+    return False
