@@ -1,0 +1,306 @@
+"""Re-parallelization planner: which layout serves this traffic best, and why (REFERENCE §6).
+
+The search, for a GPU budget, a topology and a workload (ISL, OSL, SLOs):
+  1. Enumerate aggregated layouts TP × PP × DP = GPUs (TP and PP powers of two dividing the
+     budget); for MoE models also EP = TP (experts over the TP group) and attention-DP + EP; and
+     disaggregated prefill/decode splits of the same replica shape.
+  2. For each, find the largest per-replica concurrency whose steady-state TTFT and TPOT meet both
+     SLOs (:func:`analyzer.perf.expected_latency`); goodput = output tokens/s per GPU there.
+  3. Rank by goodput. Gray zone: among candidates within 12.5 % of the best, the simplest wins
+     (fewer parallel dimensions, no cross-node TP, no disaggregation) — the seeds' 10–15 % rule.
+  4. Every candidate carries the framework's reasons: Step 0 (KV footprint), Step 1 (fits one GPU
+     with KV headroom → DP), Step 2 (fits one node → TP inside NVLink), Step 3 (multi-node → PP
+     across nodes), Step 4 (MoE → EP for experts), and the interconnect check (TP or EP over a
+     slow link; P/D only over an RDMA fabric).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from analyzer import capacity as cap
+from analyzer import perf
+from analyzer.capacity import Layout
+from analyzer.catalog import FABRICS, Fabric, Gpu
+from analyzer.modelcfg import ModelConfig
+
+GRAY_ZONE = 0.125
+KV_HEADROOM_SEQUENCES = 16  # Step 1: "fits one GPU with KV headroom" = room for ≥ 16 sequences
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Traffic to plan for: prompt/output lengths, SLOs (s) and optional measured load."""
+
+    isl: int
+    osl: int
+    ttft_slo_s: float = 2.0
+    tpot_slo_s: float = 0.05
+    arrival_rate_per_s: float = 0.0
+    concurrency: float = 0.0
+
+
+@dataclass(frozen=True)
+class Problem:
+    model: ModelConfig
+    gpu: Gpu
+    gpus: int
+    nodes: int = 1
+    fabric: Fabric = FABRICS["ib_ndr"]
+    backend: str = "vllm"
+    precision: str = "bf16"
+
+    @property
+    def topo(self) -> perf.Topology:
+        per_node = min(self.gpus // max(self.nodes, 1), self.gpu.domain_gpus) or 1
+        return perf.Topology(gpus_per_node=per_node, inter_node=self.fabric)
+
+
+@dataclass
+class Candidate:
+    """One layout with its predicted figures, limiting wall and reasons."""
+
+    layout: Layout
+    disagg: tuple[int, int] = (0, 0)  # (prefill replicas, decode replicas) when disaggregated
+    batch: int = 0
+    ttft_s: float = float("inf")
+    tpot_s: float = float("inf")
+    goodput_per_gpu: float = 0.0
+    kv_headroom_sequences: int = 0
+    wall: str = ""
+    reasons: list[str] = field(default_factory=list)
+    terms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        if self.disagg[0]:
+            return f"P/D {self.disagg[0]}×{self.layout.label()} + {self.disagg[1]}×{self.layout.label()}"
+        return self.layout.label()
+
+    def complexity(self, per_node: int) -> int:
+        """Parallel dimensions used; cross-node TP and disaggregation count extra (gray-zone rule)."""
+        lay = self.layout
+        n = (lay.tp > 1) + (lay.pp > 1) + (lay.ep > 1) + lay.attention_dp + 2 * bool(self.disagg[0])
+        return n + 2 * (lay.tp > per_node)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "layout": self.name, "tp": self.layout.tp, "pp": self.layout.pp, "dp": self.layout.dp,
+            "ep": self.layout.ep, "attention_dp": self.layout.attention_dp,
+            "prefill_replicas": self.disagg[0], "decode_replicas": self.disagg[1],
+            "batch_per_replica": self.batch, "ttft_ms": _ms(self.ttft_s), "tpot_ms": _ms(self.tpot_s),
+            "goodput_tok_s_per_gpu": round(self.goodput_per_gpu, 1),
+            "kv_headroom_sequences": self.kv_headroom_sequences, "wall": self.wall, "reasons": self.reasons,
+        }  # fmt: skip
+
+
+def _ms(s: float) -> float | None:
+    return None if s == float("inf") else round(s * 1e3, 2)
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, k = [], 1
+    while k <= n:
+        out.append(k)
+        k *= 2
+    return out
+
+
+def layouts(p: Problem) -> list[Layout]:
+    """Aggregated layouts that use the whole budget (note 1)."""
+    out = []
+    for tp in _pow2_upto(p.gpus):
+        for pp in _pow2_upto(p.gpus // tp):
+            if p.gpus % (tp * pp) or pp > p.model.layers:
+                continue
+            base = Layout(tp=tp, pp=pp, dp=p.gpus // (tp * pp))
+            out.append(base)
+            if p.model.is_moe and tp > 1:
+                out.append(replace(base, ep=tp))
+                out.append(replace(base, ep=tp, attention_dp=True))
+    return out
+
+
+def _best_batch(p: Problem, lay: Layout, w: Workload) -> tuple[int, perf.Estimate | None]:
+    """Largest per-replica concurrency (power of two) meeting both SLOs (note 2)."""
+    best: tuple[int, perf.Estimate | None] = (0, None)
+    for b in _pow2_upto(4096):
+        est = perf.expected_latency(p.model, p.gpu, lay, b, w.isl, w.osl, p.backend, p.precision, p.topo)
+        if est.running < b or est.ttft_s > w.ttft_slo_s or est.tpot_s > w.tpot_slo_s:
+            if best[1] is None:
+                best = (0, est)
+            break
+        best = (b, est)
+    return best
+
+
+def evaluate(p: Problem, lay: Layout, w: Workload) -> Candidate:
+    """Predicted figures of an aggregated layout at its best SLO-meeting concurrency."""
+    b, est = _best_batch(p, lay, w)
+    c = Candidate(layout=lay, batch=b)
+    kv = cap.capacity(p.model, p.gpu, lay, context_tokens=w.isl + w.osl, precision=p.precision)
+    c.kv_headroom_sequences = max(0, kv.max_sequences - b)
+    if est is not None:
+        c.ttft_s, c.tpot_s, c.wall, c.terms = est.ttft_s, est.tpot_s, est.wall, est.terms
+        if b:
+            c.goodput_per_gpu = est.throughput_per_gpu(lay, w.osl)
+    c.reasons = reasons(p, c, w)
+    if not kv.fits:
+        c.wall = "kv_capacity"
+        c.reasons.insert(1, f"infeasible: {kv.weights_bytes / 1e9:.1f} GB weights/GPU leave no KV room in "
+                            f"{kv.usable_bytes / 1e9:.0f} GB usable HBM")  # fmt: skip
+    return c
+
+
+def evaluate_disagg(p: Problem, lay: Layout, n_prefill: int, w: Workload) -> Candidate:
+    """P/D split: n_prefill replicas prefill, the rest decode; goodput = the slower pool's rate."""
+    n_decode = lay.dp - n_prefill
+    single = replace(lay, dp=1)
+    agg = evaluate(p, single, w)
+    c = Candidate(layout=single, disagg=(n_prefill, n_decode))
+    if agg.batch == 0:
+        c.wall, c.reasons = agg.wall, [*agg.reasons, "P/D: a replica meets no SLO, so neither pool can"]
+        return c
+    b = agg.batch
+    est = perf.disaggregated_latency(p.model, p.gpu, single, single, 1, b, w.isl, w.osl, p.backend,
+                                     p.precision, p.topo)  # fmt: skip
+    prefill_rate = n_prefill / max(est.terms["prefill_s"], 1e-9)
+    decode_rate = n_decode * b / (w.osl * est.tpot_s)
+    c.batch, c.ttft_s, c.tpot_s, c.terms = b, est.ttft_s, est.tpot_s, est.terms
+    ok = est.ttft_s <= w.ttft_slo_s and est.tpot_s <= w.tpot_slo_s
+    c.goodput_per_gpu = min(prefill_rate, decode_rate) * w.osl / p.gpus if ok else 0.0
+    c.wall = "network" if est.terms["kv_transfer_s"] > 0.1 * est.ttft_s else est.wall
+    c.reasons = reasons(p, c, w)
+    return c
+
+
+def reasons(p: Problem, c: Candidate, w: Workload) -> list[str]:
+    """The framework's reasons for this candidate (note 4)."""
+    m, lay = p.model, c.layout
+    per_node = p.topo.gpus_per_node
+    one = cap.capacity(m, p.gpu, Layout(), context_tokens=w.isl + w.osl, precision=p.precision)
+    kv_seq = cap.kv_bytes_per_sequence(m, w.isl + w.osl, "bf16")
+    out = [f"Step 0: KV {kv_seq / 1e9:.2f} GB per {w.isl + w.osl}-token sequence; "
+           f"weights {cap.weight_bytes(m, p.precision) / 1e9:.1f} GB"]  # fmt: skip
+    if one.max_sequences >= KV_HEADROOM_SEQUENCES:
+        out.append(f"Step 1: fits one GPU with room for {one.max_sequences} sequences → DP preferred")
+    elif lay.gpus_per_replica <= per_node:
+        n = lay.gpus_per_replica
+        out.append(f"Step 2: no KV headroom on one GPU; replica of {n} fits one node → TP inside NVLink")
+    else:
+        out.append(
+            f"Step 3: replica of {lay.gpus_per_replica} GPUs spans nodes → TP in node, PP across nodes"
+        )
+    if m.is_moe:
+        out.append(f"Step 4: MoE ({m.experts} experts, top-{m.top_k}) → EP for experts"
+                   + (f"; EP{lay.ep} used" if lay.ep > 1 else "; experts TP-sharded here"))  # fmt: skip
+    out.extend(_interconnect(p, c))
+    if c.batch == 0:
+        out.append(f"meets no SLO (TTFT ≤ {w.ttft_slo_s}s, TPOT ≤ {w.tpot_slo_s}s) at any concurrency")
+    else:
+        out.append(f"wall at {c.batch} sequences/replica: {c.wall}")
+    return out
+
+
+def _interconnect(p: Problem, c: Candidate) -> list[str]:
+    """Interconnect check: collectives in the token loop over the link they cross (note 4)."""
+    lay, per_node, out = c.layout, p.topo.gpus_per_node, []
+    if lay.tp > per_node:
+        out.append(f"interconnect: TP{lay.tp} crosses nodes over {p.fabric.name} — all-reduces per layer "
+                   f"leave NVLink (network-critical)")  # fmt: skip
+    if lay.pp > 1 and lay.gpus_per_replica > per_node:
+        out.append(f"interconnect: PP boundary over {p.fabric.name} carries only hidden×2 B per token")
+    if lay.ep > per_node:
+        out.append(f"interconnect: EP{lay.ep} all-to-all crosses {p.fabric.name}")
+    if c.disagg[0] and not p.fabric.rdma:
+        out.append(f"interconnect: P/D KV transfer over non-RDMA {p.fabric.name} — not recommended")
+    return out
+
+
+def search(p: Problem, w: Workload, *, include_disagg: bool = True) -> list[Candidate]:
+    """All candidates, ranked by goodput with the gray-zone rule applied (notes 1-3)."""
+    cands = [evaluate(p, lay, w) for lay in layouts(p)]
+    if include_disagg and p.fabric.rdma:
+        for lay in {c.layout for c in cands if c.layout.dp >= 2 and not c.layout.attention_dp}:
+            for n_p in sorted({1, lay.dp // 4, lay.dp // 2} - {0}):
+                cands.append(evaluate_disagg(p, lay, n_p, w))
+    return rank(cands, p.topo.gpus_per_node)
+
+
+def rank(cands: list[Candidate], per_node: int) -> list[Candidate]:
+    """Goodput order; the simplest candidate within the gray zone of the best moves to the top."""
+    cands.sort(key=lambda c: (-c.goodput_per_gpu, c.complexity(per_node)))
+    if not cands or cands[0].goodput_per_gpu <= 0:
+        return cands
+    top = cands[0].goodput_per_gpu
+    zone = [c for c in cands if c.goodput_per_gpu >= top * (1 - GRAY_ZONE)]
+    pick = min(zone, key=lambda c: (c.complexity(per_node), -c.goodput_per_gpu))
+    if pick is not cands[0]:
+        pick.reasons.append(
+            f"gray zone: within {100 * (1 - pick.goodput_per_gpu / top):.0f} % of {cands[0].name} "
+            f"({top:.0f} tok/s/GPU) and simpler → preferred"
+        )
+        cands.remove(pick)
+        cands.insert(0, pick)
+    return cands
+
+
+def workload_from_store(con: object, deployment: str, ttft_slo_s: float, tpot_slo_s: float) -> Workload:
+    """The measured workload of ``deployment`` from the store (a DuckDB connection or cursor).
+
+    1. ISL/OSL = the p50 of ``request_spans.input_tokens`` / ``output_tokens`` for the deployment's
+       model (spans carry the model, not the deployment name).
+    2. Arrival rate = spans / (last start − first start).
+    3. Concurrency = mean of ``engine_samples`` whose concept contains ``running``.
+    Raises ``ValueError`` naming the deployment when it or its spans are missing.
+    """
+    q = getattr(con, "execute")  # noqa: B009 - duckdb connection or cursor
+    row = q("SELECT model FROM deployments WHERE name = ?", [deployment]).fetchone()
+    if row is None:
+        raise ValueError(f"deployment {deployment!r} is not in the store's deployments table")
+    model = row[0]
+    spans = q(
+        "SELECT quantile_cont(input_tokens, 0.5), quantile_cont(output_tokens, 0.5), count(*), "
+        "(max(start_ns) - min(start_ns)) / 1e9 FROM request_spans WHERE model = ? AND input_tokens > 0",
+        [model],
+    ).fetchone()
+    if spans is None or not spans[2]:
+        raise ValueError(f"deployment {deployment!r}: no request_spans with input_tokens for model {model!r}")
+    running = q(
+        "SELECT avg(value) FROM engine_samples WHERE model = ? AND concept LIKE '%running%'", [model]
+    ).fetchone()
+    rate = spans[2] / spans[3] if spans[3] else 0.0
+    return Workload(
+        isl=int(spans[0]), osl=max(1, int(spans[1])), ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s,
+        arrival_rate_per_s=rate, concurrency=float(running[0]) if running and running[0] is not None else 0.0,
+    )  # fmt: skip
+
+
+def current_layout(con: object, deployment: str) -> tuple[Layout, dict[str, str]]:
+    """The deployment's declared layout and its model/gpu/fabric from the ``deployments`` table."""
+    q = getattr(con, "execute")  # noqa: B009
+    row = q(
+        "SELECT tp, pp, dp, ep, model, gpu_type, fabric FROM deployments WHERE name = ?", [deployment]
+    ).fetchone()
+    if row is None:
+        raise ValueError(f"deployment {deployment!r} is not in the store's deployments table")
+    tp, pp, dp, ep = (max(1, int(v or 1)) for v in row[:4])
+    return Layout(tp=tp, pp=pp, dp=dp, ep=ep), {
+        "model": row[4] or "",
+        "gpu": row[5] or "",
+        "fabric": row[6] or "",
+    }
+
+
+def compare(baseline: Candidate, best: Candidate) -> str:
+    """What the change buys, in goodput per GPU and latency."""
+    if best.layout == baseline.layout and best.disagg == baseline.disagg:
+        return f"keep {baseline.name}: it is already the best layout found"
+    if baseline.goodput_per_gpu <= 0:
+        return f"{best.name} meets the SLOs at {best.goodput_per_gpu:.0f} tok/s/GPU; {baseline.name} does not"
+    gain = best.goodput_per_gpu / baseline.goodput_per_gpu - 1
+    return (
+        f"{best.name} vs current {baseline.name}: goodput {gain:+.0%} per GPU "
+        f"({baseline.goodput_per_gpu:.0f} → {best.goodput_per_gpu:.0f} tok/s/GPU), "
+        f"TPOT {_ms(baseline.tpot_s)} → {_ms(best.tpot_s)} ms"
+    )

@@ -1,0 +1,90 @@
+"""Planner outputs follow the decision framework (REFERENCE §6) and explain themselves."""
+
+from __future__ import annotations
+
+import time
+
+import polars as pl
+
+from analyzer import catalog, modelcfg, planner
+from analyzer.capacity import Layout
+from collector.records import frame
+from collector.store import Store
+
+
+def _search(
+    model: str, gpu: str, gpus: int, nodes: int = 1, precision: str = "bf16"
+) -> list[planner.Candidate]:
+    p = planner.Problem(modelcfg.load(model), catalog.gpu(gpu), gpus, nodes, catalog.fabric("ib_ndr"),
+                        "vllm", precision)  # fmt: skip
+    return planner.search(p, planner.Workload(2048, 256, ttft_slo_s=2.0, tpot_slo_s=0.05))
+
+
+def test_8b_fits_one_gpu_so_dp_wins() -> None:
+    best = _search("llama-3.1-8b", "h100", 8)[0]
+    assert best.layout == Layout(tp=1, pp=1, dp=8)
+    assert any(r.startswith("Step 1: fits one GPU with room for") for r in best.reasons)
+    assert best.goodput_per_gpu > 1000
+
+
+def test_70b_on_8_h100_uses_tp_inside_nvlink_and_tp1_is_infeasible() -> None:
+    ranked = _search("llama-3.1-70b", "h100", 8)
+    best = ranked[0]
+    assert best.layout.tp in (4, 8) and best.layout.pp == 1
+    assert any(r.startswith("Step 2:") and "TP inside NVLink" in r for r in best.reasons)
+    tp1 = next(c for c in ranked if c.layout == Layout(tp=1, dp=8))
+    assert tp1.goodput_per_gpu == 0 and any(r.startswith("infeasible: 141.1 GB") for r in tp1.reasons)
+
+
+def test_405b_on_two_nodes_prefers_pp_across_nodes_over_cross_node_tp() -> None:
+    ranked = _search("llama-3.1-405b", "h100", 16, nodes=2)
+    best = ranked[0]
+    assert best.layout == Layout(tp=8, pp=2, dp=1)
+    assert any("PP across nodes" in r for r in best.reasons)
+    tp16 = next(c for c in ranked if c.layout == Layout(tp=16))
+    assert any("TP16 crosses nodes over ib_ndr" in r for r in tp16.reasons)
+
+
+def test_moe_plan_states_step4_and_offers_ep_layouts() -> None:
+    ranked = _search("qwen3-235b-a22b", "h200", 8, precision="fp8")
+    assert all(any(r.startswith("Step 4: MoE (128 experts, top-8)") for r in c.reasons) for c in ranked)
+    ep = [c for c in ranked if c.layout.ep == 8 and c.layout.attention_dp]
+    assert ep and ep[0].goodput_per_gpu >= 0.85 * ranked[0].goodput_per_gpu  # in the gray zone
+
+
+def test_gray_zone_prefers_simpler_layout() -> None:
+    a = planner.Candidate(layout=Layout(tp=2, ep=2, attention_dp=True), goodput_per_gpu=100.0)
+    b = planner.Candidate(layout=Layout(tp=2, dp=1), goodput_per_gpu=90.0)
+    c = planner.Candidate(layout=Layout(tp=1, dp=2), goodput_per_gpu=80.0)
+    ranked = planner.rank([a, b, c], per_node=8)
+    assert ranked[0] is b and "gray zone: within 10 %" in b.reasons[-1]
+
+
+def test_search_for_64_gpus_is_fast() -> None:
+    t = time.perf_counter()
+    _search("deepseek-v3", "h200", 64, nodes=8, precision="fp8")
+    assert time.perf_counter() - t < 2.0
+
+
+def test_workload_and_baseline_from_store() -> None:
+    with Store(":memory:") as st:
+        st.write("deployments", frame("deployments", [{
+            "name": "chat", "model": "llama-3.1-8b", "gpu_type": "NVIDIA H100 80GB HBM3",
+            "tp": 2, "pp": 1, "dp": 4, "ep": 1, "fabric": "ib_ndr"}]))  # fmt: skip
+        st.write("request_spans", frame("request_spans", {
+            "trace_id": [f"t{i}" for i in range(5)], "span_id": ["s"] * 5, "model": ["llama-3.1-8b"] * 5,
+            "start_ns": [i * 1_000_000_000 for i in range(5)], "input_tokens": [1000, 2000, 3000, 4000, 5000],
+            "output_tokens": [100, 200, 300, 400, 500]}))  # fmt: skip
+        st.write("engine_samples", frame("engine_samples", pl.DataFrame({
+            "ts_ns": [1, 2], "model": ["llama-3.1-8b"] * 2, "concept": ["requests_running"] * 2,
+            "value": [10.0, 30.0]}).to_dicts()))  # fmt: skip
+        with st.cursor() as cur:
+            work = planner.workload_from_store(cur, "chat", 2.0, 0.05)
+            layout, info = planner.current_layout(cur, "chat")
+    assert (work.isl, work.osl, work.arrival_rate_per_s, work.concurrency) == (3000, 300, 1.25, 20.0)
+    assert layout == Layout(tp=2, pp=1, dp=4) and info["gpu"] == "NVIDIA H100 80GB HBM3"
+    p = planner.Problem(modelcfg.load(info["model"]), catalog.gpu(info["gpu"]), layout.gpus)
+    ranked = planner.search(p, work)
+    baseline = planner.evaluate(p, layout, work)
+    text = planner.compare(baseline, ranked[0])
+    assert text.startswith(f"{ranked[0].name} vs current TP2·PP1·DP4: goodput +")
