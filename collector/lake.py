@@ -174,6 +174,7 @@ class LakeStore:
         self.retention = retention or Retention()
         self.spool = Spool(cfg.spool_dir)
         self._lock = threading.RLock()
+        self._flush_lock = threading.Lock()
         self._con: duckdb.DuckDBPyConnection | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -272,10 +273,15 @@ class LakeStore:
     def flush(self) -> dict[str, int]:
         """Commit spooled batches (oldest first) in one transaction; returns new rows per table."""
         total: dict[str, int] = {}
+        with self._flush_lock:  # one flush at a time: a file is never committed twice at once
+            self._flush_into(total)
+        return total
+
+    def _flush_into(self, total: dict[str, int]) -> None:
         while True:
             paths = self.spool.pending()[: self.cfg.flush_max_files]
             if not paths:
-                return total
+                return
             batches = self._read_spool(paths)
             new = self._retry("commit", partial(_commit, batches=batches)) if batches else {}
             self.spool.remove(paths)
@@ -431,12 +437,27 @@ def _insert(con: duckdb.DuckDBPyConnection, table: str, arrow: pa.Table) -> int:
 
 
 def _time_bound(spec: Table, arrow: pa.Table) -> str:
-    """``l.<time key> BETWEEN lo AND hi`` from the batch, so the lake scan prunes files."""
-    column = spec.key[0]
-    if column not in _TIME_KEYS:
-        return "TRUE"
-    lo_hi = pc.min_max(arrow.column(column))
-    return f"l.{column} BETWEEN {int(lo_hi['min'].as_py())} AND {int(lo_hi['max'].as_py())}"
+    """Filters on the lake side of the anti-join that let the scan skip files by their stats.
+
+    1. The time key (first key column, when it is one): ``BETWEEN`` the batch's min and max.
+    2. A text or integer key column holding one value in the whole batch (a sidecar's
+       ``host``, one metric): equality with that value.
+    Both only narrow rows that could never match, so the result is unchanged.
+    """
+    parts = ["TRUE"]
+    if spec.key[0] in _TIME_KEYS:
+        lo_hi = pc.min_max(arrow.column(spec.key[0]))
+        parts.append(f"l.{spec.key[0]} BETWEEN {int(lo_hi['min'].as_py())} AND {int(lo_hi['max'].as_py())}")
+    for column in spec.key[1:]:
+        values = pc.unique(arrow.column(column))
+        if len(values) != 1:
+            continue
+        value = values[0].as_py()
+        if isinstance(value, str):
+            parts.append(f"l.{column} = '{value.replace(chr(39), chr(39) * 2)}'")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            parts.append(f"l.{column} = {value}")
+    return " AND ".join(parts)
 
 
 _ENGINE_ID = "source, engine, model, dp_rank, tp_rank, pp_rank, ep_rank, concept, labels"

@@ -4,8 +4,8 @@
 writes batches ``FIRST .. FIRST+COUNT-1`` of ``ROWS`` gpu_samples rows for ``HOST`` through a
 :class:`collector.lake.LakeStore` and prints ``ACK <batch>`` after each ``write`` returned
 (the batch is then durable in the spool), pausing ``PAUSE_S`` between batches. ``COUNT`` 0
-only flushes the spool. It prints ``DONE <rows new>`` after ``close()``, which commits what
-is still spooled.
+only flushes the spool. It prints ``READY <epoch s>`` once the store is open and
+``DONE <rows new in the last flush> <epoch s>`` after ``close()``.
 
 Rows are a pure function of (host, batch, row), so a test can recompute exactly what any set
 of acknowledged batches must have put into the lake (see :func:`batch_frame`).
@@ -53,13 +53,14 @@ def main(argv: list[str]) -> int:
     interval = float(argv[7])
     pause = float(argv[8]) if len(argv) > 8 else 0.001
     store = LakeStore(LakeConfig(dsn, data, spool, commit_interval_s=interval, max_retries=8))
+    print(f"READY {time.time():.6f}", flush=True)
     for batch in range(first, first + count):
         store.write("gpu_samples", batch_frame(host, batch, rows))
         print(f"ACK {batch}", flush=True)
         time.sleep(pause)
     new = store.flush()
     store.close()
-    print(f"DONE {sum(new.values())}", flush=True)
+    print(f"DONE {sum(new.values())} {time.time():.6f}", flush=True)
     return 0
 
 
