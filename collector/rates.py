@@ -2,7 +2,7 @@
 
 :class:`CounterRates` is the only stateful piece between a scrape and the store: parsers
 stay pure and leave ``rate_per_s`` NULL; a scraper keeps one ``CounterRates`` per target and
-passes every batch through :meth:`CounterRates.fill` before writing it.
+passes every batch through :meth:`CounterRates.apply` before writing it.
 
 Rules:
 
@@ -44,7 +44,7 @@ class CounterRates:
     def __len__(self) -> int:
         return len(self._last)
 
-    def fill(self, batch: pl.DataFrame, *, table: str = "engine_samples") -> pl.DataFrame:
+    def apply(self, batch: pl.DataFrame, *, table: str = "engine_samples") -> pl.DataFrame:
         """``batch`` with ``rate_per_s`` set for its counter rows (rules 1-5), in ts order."""
         if batch.height == 0:
             return batch

@@ -330,10 +330,10 @@ class _State:
         """``(name, label block, value, timestamp)`` of a sample line, or an error message.
 
         Fast path: the label block runs from the first ``{`` to the last ``}`` (a value or a
-        timestamp never holds a brace); an OpenMetrics line with ``#`` (an exemplar) goes
+        timestamp never holds a brace); a line with ``#`` (an exemplar, or a label value) goes
         through the full regular expression instead.
         """
-        if self.om and "#" in line:
+        if "#" in line:
             return self.split_exemplar(line)
         brace = line.find("{")
         if brace < 0:
@@ -356,7 +356,9 @@ class _State:
         m = _SAMPLE.fullmatch(line)
         if m is None:
             return "not a sample line `name{labels} value [timestamp] [# exemplar]` (rule 3)"
-        name, block, value_text, ts_text, _exemplar = m.groups()
+        name, block, value_text, ts_text, exemplar = m.groups()
+        if exemplar is not None and not self.om:
+            return "exemplar in 0.0.4 text (rule 2)"
         return name, block or "", value_text, ts_text
 
     def labels(self, block: str) -> tuple[dict[str, str] | str, str | None]:

@@ -14,8 +14,9 @@ Rules:
    checked on the raw bytes, before decoding.
 3. A body over the cap raises :class:`~collector.errors.ParseError` (nothing parsed); every
    other refusal is a Problem in the result, named ``<source>: line N``.
-4. A captured file is recognized by content (:func:`sniff`): its first lines parse as
-   exposition samples and at least one is a GPU or engine metric, whatever its extension
+4. A captured file is recognized by content (:func:`sniff`): the complete lines of its head
+   parse as exposition (at most one bad line in ten) and at least one sample is a GPU or
+   engine metric, whatever its extension
    (``.prom``, ``.openmetrics``, ``.txt``, gzipped or not). Its rows get ``ctx.ts_ns`` and
    ``ctx.host``, and ``source = "<ctx.source>:<file name>"`` so that two files captured at
    the same instant stay distinct series.
@@ -28,13 +29,12 @@ from pathlib import Path
 from typing import Literal
 
 from collector.errors import ParseError, Problem
-from collector.formats import FileFormat, IngestContext, Parsed
+from collector.formats import SNIFF_BYTES, FileFormat, IngestContext, Parsed
 from collector.formats.dcgm import is_gpu_metric, to_gpu_samples
 from collector.formats.engine import engine_of, to_engine_samples
 from collector.formats.exposition import MAX_BODY_CHARS, parse
 
 Kind = Literal["dcgm", "engine", "auto"]
-_SNIFF_LINES = 40
 
 
 def parse_scrape(
@@ -67,13 +67,14 @@ def _named(problem: Problem, source: str) -> Problem:
 
 
 def sniff(name: str, head: bytes) -> bool:
-    """Rule 4: the head parses as exposition and holds a GPU or engine metric."""
+    """Rule 4: the head's complete lines parse as exposition and hold a GPU or engine metric."""
     text = head.decode("utf-8", errors="replace")
-    lines = [ln for ln in text.split("\n")[:-1] if ln.strip()][:_SNIFF_LINES]
-    if not lines or any(ln.lstrip().startswith("#Entity") for ln in lines):
+    if len(head) == SNIFF_BYTES:
+        text = text[: text.rfind("\n") + 1]  # drop the cut last line
+    if "#Entity" in text:
         return False
-    exp = parse("\n".join(lines), openmetrics=False)
-    if exp.problems or not exp.samples:
+    exp = parse(text, openmetrics=False)
+    if not exp.samples or len(exp.problems) > len(exp.samples) // 10:
         return False
     return any(is_gpu_metric(s.name) or engine_of(s.name) for s in exp.samples)
 
