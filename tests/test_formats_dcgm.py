@@ -67,12 +67,14 @@ def test_conversions_table() -> None:
     assert canonical("DCGM_FI_DEV_POWER_VIOLATION") == ("power_violation_s", 1e-9)
     assert canonical("DCGM_FI_DEV_XID_ERRORS") == ("xid_last", 1.0)
     assert canonical("DCGM_FI_PROF_NEW_THING") == ("dcgm_prof_new_thing", 1.0)
+    units = ("_ratio", "_bytes", "_bytes_per_s", "_w", "_j", "_c", "_mhz", "_s", "_total", "_mask", "_last")
     for name in GPU_METRICS:
-        assert name.endswith(("_ratio", "_bytes", "_bytes_per_s", "_w", "_j", "_c", "_mhz", "_s", "_total", "_mask", "_last"))
+        assert name.endswith(units), name
 
 
 SPELLINGS = """\
-DCGM_FI_DEV_GPU_UTIL{gpu="2",uuid="GPU-old",model_name="A100",hostname="new-host",pod_name="p",pod_namespace="ns",container_name="c"} 87
+DCGM_FI_DEV_GPU_UTIL{gpu="2",uuid="GPU-old",model_name="A100",hostname="new-host",\
+pod_name="p",pod_namespace="ns",container_name="c"} 87
 DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-mig",GPU_I_PROFILE="1g.10gb",GPU_I_ID="3",Hostname="h"} 1024
 DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-mig",GPU_I_PROFILE="1g.10gb",GPU_I_ID="5",Hostname="h"} 2048
 DCGM_FI_PROF_NVLINK_TX_BYTES{gpu_uuid="GPU-link",nvlink="3",device="nvidia5"} 5e9
@@ -96,7 +98,8 @@ def test_every_label_spelling_mig_links_and_sentinels() -> None:
     assert mig["mig_profile"].to_list() == ["1g.10gb", "1g.10gb"]
     link = _one(df, metric="nvlink_tx_bytes_per_s")
     assert (link["link"], link["gpu"], link["uuid"], link["value"]) == (3, 5, "GPU-link", 5e9)
-    assert set(df["metric"]) == {"gpu_util_ratio", "fb_used_bytes", "nvlink_tx_bytes_per_s", "tensor_active_ratio"}
+    expected = {"gpu_util_ratio", "fb_used_bytes", "nvlink_tx_bytes_per_s", "tensor_active_ratio"}
+    assert set(df["metric"]) == expected
     (problem,) = parsed.problems
     assert problem.message.startswith("2 blank-sentinel")
     assert "DCGM_FI_PROF_SM_ACTIVE×1" in problem.message and "DCGM_FI_PROF_DRAM_ACTIVE×1" in problem.message
@@ -125,7 +128,8 @@ def test_dcgmi_dmon_blocks_timestamps_and_refused_cells() -> None:
     assert locations.count("line 57") == 4  # the author's "(36.07GB/s)" annotations on GPU 6
     assert "N/A" in parsed.problems[-1].message
     n_a_block = df.filter((pl.col("ts_ns") == 1_000 + 8 * 1_000_000_000) & (pl.col("gpu") == 0))
-    assert sorted(n_a_block["metric"]) == ["nvlink_rx_bytes_per_s", "nvlink_tx_bytes_per_s", "pcie_rx_bytes_per_s"]
+    kept = ["nvlink_rx_bytes_per_s", "nvlink_tx_bytes_per_s", "pcie_rx_bytes_per_s"]
+    assert sorted(n_a_block["metric"]) == kept
 
 
 def test_dmon_sniff_does_not_claim_prometheus_text() -> None:

@@ -95,7 +95,8 @@ def test_openmetrics_and_text_renderings_agree_on_vllm_values() -> None:
     text = parse((DATA / "engine" / "vllm_0.33.0_dp2.prom").read_text())
     pick = {(s.name, s.labels.get("engine")): s.value for s in om.samples}
     assert pick[("vllm:kv_cache_usage_perc", "1")] == 0.52
-    assert {(s.name, s.labels.get("engine")): s.value for s in text.samples}[("vllm:kv_cache_usage_perc", "1")] == 0.52
+    from_text = {(s.name, s.labels.get("engine")): s.value for s in text.samples}
+    assert from_text[("vllm:kv_cache_usage_perc", "1")] == 0.52
     assert om.types["vllm:num_requests_running"] == "gauge"
 
 
@@ -110,9 +111,14 @@ def test_clean_and_exact_paths_agree() -> None:
 
 BAD_CASES = [
     ("truncated", 'good{a="1"} 1\ncut{a="1",b="\ngood2 2\n', "line 2", "label"),
-    ("no value", "good 1\nnovalue{a=\"x\"}\ngood2 2\n", "line 2", "value"),
+    ("no value", 'good 1\nnovalue{a="x"}\ngood2 2\n', "line 2", "value"),
     ("bad value", "good 1\nbad 1.2.3\ngood2 2\n", "line 2", "bad value"),
-    ("duplicate", 'good{a="1"} 1\ngood{a="1"} 2\ngood2 2\n', "line 2", "duplicate series, first seen on line 1"),
+    (
+        "duplicate",
+        'good{a="1"} 1\ngood{a="1"} 2\ngood2 2\n',
+        "line 2",
+        "duplicate series, first seen on line 1",
+    ),  # noqa: E501
     ("dup reordered", 'good{a="1",b="2"} 1\ngood{b="2", a="1",} 2\ngood2 2\n', "line 2", "duplicate series"),
     ("unknown type", "# TYPE good bogus\ngood 1\ngood2 2\n", "line 1", "unknown metric type 'bogus'"),
     ("second type", "# TYPE good gauge\n# TYPE good counter\ngood 1\ngood2 2\n", "line 2", "second # TYPE"),
