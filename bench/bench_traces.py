@@ -17,7 +17,8 @@ from analyzer import collectives, stragglers
 from collector.formats import IngestContext, kineto
 from collector.store import Store
 from ioe.commands.trace_report import report
-from tests.gen_collectives import SCENARIOS, collectives as gen_coll
+from tests.gen_collectives import SCENARIOS
+from tests.gen_collectives import collectives as gen_coll
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "kineto"
 SETS = ("nccl_parser_config_1rank", "trace_filter_2rank", "synthetic_4rank_straggler")
