@@ -58,9 +58,17 @@ def prometheus_rule(groups: list[dict[str, Any]], name: str = "ioe-rules") -> di
     }
 
 
+class _IndentedDumper(yaml.SafeDumper):
+    """Indents sequences inside mappings (the style yamllint's default config expects)."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
 def render(rules_path: Path = RULES) -> str:
     """The manifest text for ``rules_path``: a header comment and the YAML document."""
-    body = yaml.safe_dump(prometheus_rule(load_groups(rules_path)), sort_keys=False, width=120)
+    doc = prometheus_rule(load_groups(rules_path))
+    body = yaml.dump(doc, Dumper=_IndentedDumper, sort_keys=False, width=100, allow_unicode=True)
     return HEADER + "---\n" + body
 
 
