@@ -8,8 +8,9 @@ Rules:
  1. Throughput scaling is judged in log-log: the elasticity ``d log throughput / d log
     concurrency`` is 1 when throughput grows in proportion to concurrency and 0 when it is flat.
  2. Cp is the breakpoint of a continuous two-segment (hinge) least-squares fit of log throughput
-    on log concurrency, with the breakpoint searched on a fine grid between the first and last
-    point. Cp is *reached* when the slope past it is below ``cp_knee_elasticity_max`` and below
+    on log concurrency, with the breakpoint searched on a fine grid between the second and the
+    second-to-last point (between the ends with fewer than 5 points).
+    Cp is *reached* when the slope past it is below ``cp_knee_elasticity_max`` and below
     the slope before it; otherwise the deployment still scales at the highest concurrency seen and
     Cp is reported as a lower bound (``cp`` None, ``cp_lower_bound`` = max concurrency).
  3. Uncertainty: a wild bootstrap (residuals × random ±1, ``cp_bootstrap_rounds`` rounds, fixed
@@ -75,14 +76,13 @@ def hinge_fit(x: np.ndarray, y: np.ndarray, grid: int = 40) -> tuple[float, floa
     """Rule 2: ``(breakpoint, slope_before, slope_after, sse)`` of a continuous hinge on (x, y)."""
     if len(x) < 3 or np.ptp(x) <= 0:
         return None
-    best: tuple[float, float, float, float] | None = None
-    for b in np.linspace(x.min(), x.max(), grid)[1:-1]:
-        design = np.column_stack([np.ones_like(x), np.minimum(x - b, 0.0), np.maximum(x - b, 0.0)])
-        coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-        sse = float(np.sum((design @ coef - y) ** 2))
-        if best is None or sse < best[3] - 1e-12:
-            best = (float(b), float(coef[1]), float(coef[2]), sse)
-    return best
+    lo, hi = (x[1], x[-2]) if len(x) >= 5 else (x.min(), x.max())  # ≥ 2 points each side when possible
+    b = np.linspace(lo, hi, grid)[:, None]  # every candidate breakpoint at once: (grid, n) designs
+    design = np.stack([np.ones((grid, len(x))), np.minimum(x - b, 0.0), np.maximum(x - b, 0.0)], axis=2)
+    coef = np.einsum("gkn,n->gk", np.linalg.pinv(design), y)
+    sse = np.sum((np.einsum("gnk,gk->gn", design, coef) - y) ** 2, axis=1)
+    k = int(np.argmin(sse))
+    return float(b[k, 0]), float(coef[k, 1]), float(coef[k, 2]), float(sse[k])
 
 
 def _reached(fit: tuple[float, float, float, float] | None, th: Thresholds) -> bool:
@@ -311,3 +311,50 @@ def headroom(
         if itl_slo_s is None or itl_p99_s is None
         else round(itl_slo_s - itl_p99_s, 4),
     }
+
+
+def judge_load_points(
+    concurrency: Sequence[float],
+    ttft_s: Sequence[float],
+    tpot_s: Sequence[float],
+    th: Thresholds | None = None,
+) -> list[dict[str, Any]]:
+    """Rule 5 on a measured load curve (points in any order): one judgement per point."""
+    th = th or Thresholds()
+    order = np.argsort(np.asarray(concurrency, dtype=float), kind="stable")
+    c = np.asarray(concurrency, dtype=float)[order]
+    ttft, tpot = np.asarray(ttft_s, dtype=float)[order], np.asarray(tpot_s, dtype=float)[order]
+    out = []
+    for i in range(len(c)):
+        j = i - 1
+        while j >= 0 and c[j] >= c[i]:
+            j -= 1  # previous point at a lower concurrency
+        row: dict[str, Any] = {"concurrency": float(c[i]), "ttft_s": float(ttft[i]), "tpot_s": float(tpot[i])}
+        if j < 0:
+            out.append({**row, "zone": None, "rule": "first point: nothing to compare with"})
+            continue
+        growth = np.log(c[i] / c[j])
+        e_ttft, e_tpot = np.log(ttft[i] / ttft[j]) / growth, np.log(tpot[i] / tpot[j]) / growth
+        if e_ttft >= th.cp_ttft_explosion_min_elasticity:
+            share = 1.0 - ttft[j] * (c[i] / c[j]) / ttft[i]
+            out.append(
+                {
+                    **row,
+                    "zone": "kv_capacity",
+                    "ttft_elasticity": round(float(e_ttft), 3),
+                    "queue_share_est": round(float(share), 3),
+                    "rule": "TTFT superlinear in concurrency",
+                }
+            )
+            continue
+        zone = "compute" if e_tpot >= 0.5 else "hbm_bandwidth"
+        out.append(
+            {
+                **row,
+                "zone": zone,
+                "ttft_elasticity": round(float(e_ttft), 3),
+                "tpot_elasticity": round(float(e_tpot), 3),
+                "rule": "TPOT elasticity vs 0.5",
+            }
+        )
+    return out  # fmt: skip
