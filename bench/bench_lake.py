@@ -166,17 +166,25 @@ def load(store: Store | LakeStore, frames: dict[str, list[pl.DataFrame]]) -> Non
         store.compact()
 
 
-def query_latency(store: Store | LakeStore, runs: int) -> tuple[float, float, int]:
-    """(cold s, median warm s, rows) of the envelope query."""
+def query_latency(store: Store | LakeStore, runs: int) -> tuple[float, float, list[tuple[object, ...]]]:
+    """(cold s, median warm s, result rows) of the envelope query."""
     params = {"lo": T0, "hi": T0 + MINUTES * NS_PER_MIN}
     times = []
-    rows = 0
+    rows: list[tuple[object, ...]] = []
     for _ in range(runs + 1):
         with store.cursor() as cur:
             t = time.perf_counter()
-            rows = len(cur.execute(ENVELOPE_SQL, params).fetchall())
+            rows = cur.execute(ENVELOPE_SQL, params).fetchall()
             times.append(time.perf_counter() - t)
     return times[0], statistics.median(times[1:]), rows
+
+
+def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    """Rows equal up to float summation order."""
+    return all(
+        abs(x - y) <= 1e-9 * max(1.0, abs(x)) if isinstance(x, float) and isinstance(y, float) else x == y
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def ingest_lake(pg: PgCluster, work: Path, batches: int, rows: int) -> tuple[float, int]:
@@ -239,9 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         lake_rps, total = ingest_lake(pg, work, args.batches, args.rows)
         emb_rps = ingest_embedded(work, args.batches, args.rows)
-        print(
-            f"ingest: {total} rows, 4 lake writers {lake_rps:,.0f} rows/s; embedded 1 process {emb_rps:,.0f} rows/s"
-        )
+        print(f"ingest: {total} rows; 4 lake writers {lake_rps:,.0f} rows/s in all")
+        print(f"ingest: embedded store, 1 process {emb_rps:,.0f} rows/s")
         print(f"ingest ratio lake/embedded: {lake_rps / emb_rps:.2f}")
         frames = rollup_frames()
         n_gpu = sum(f.height for f in frames["gpu_samples_1m"])
@@ -256,9 +263,12 @@ def main(argv: list[str] | None = None) -> int:
             load(lake, frames)
             print(f"lake load of {n_gpu} gpu_samples_1m rows + buckets: {time.perf_counter() - t:.1f} s")
             l_cold, l_warm, l_rows = query_latency(lake, args.runs)
-        if l_rows != e_rows:
-            raise RuntimeError(f"the stores disagree: lake {l_rows} rows, embedded {e_rows}")
-        print(f"envelope query, 64 GPUs x 24 h ({n_gpu} rollup rows) -> {e_rows} rows")
+        if len(l_rows) != len(e_rows) or not _same(l_rows[100], e_rows[100]):
+            raise RuntimeError(f"the stores disagree: lake {len(l_rows)} rows, embedded {len(e_rows)}")
+        p99 = [r[4] for r in e_rows if r[4] is not None]
+        print(f"envelope query, 64 GPUs x 24 h ({n_gpu} rollup rows) -> {len(e_rows)} rows")
+        print(f"  sample row {e_rows[100]}")
+        print(f"  p99 TTFT present in {len(p99)} rows, median {statistics.median(p99):.3f} s")
         print(f"  embedded: cold {e_cold * 1e3:.0f} ms, warm median {e_warm * 1e3:.0f} ms")
         print(f"  lake:     cold {l_cold * 1e3:.0f} ms, warm median {l_warm * 1e3:.0f} ms")
         print(f"  ratio lake/embedded (warm): {l_warm / e_warm:.2f}")
