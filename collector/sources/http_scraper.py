@@ -50,8 +50,13 @@ def next_delay(interval_s: float, failures: int, rng: random.Random) -> float:
     return min(interval_s * 2.0**failures, MAX_BACKOFF_S) * rng.uniform(0.8, 1.2)
 
 
-async def fetch(client: httpx.AsyncClient, name: str, url: str, timeout_s: float, max_body_bytes: int) -> str:
-    """GET ``url`` (rules 1–3) and return the body as text, or raise :class:`ScrapeError`."""
+async def fetch(
+    client: httpx.AsyncClient, name: str, url: str, timeout_s: float, max_body_bytes: int
+) -> bytes:
+    """GET ``url`` (rules 1–3) and return the raw body, or raise :class:`ScrapeError`.
+
+    The body is not decoded here: bytes that are not UTF-8 cost only their own line, in the parser.
+    """
     try:
         return await asyncio.wait_for(_fetch(client, name, url, timeout_s, max_body_bytes), timeout_s)
     except TimeoutError as exc:
@@ -73,12 +78,7 @@ async def _fetch(
             if size > max_body_bytes:
                 raise ScrapeError(f"target {name}: body exceeds {max_body_bytes} bytes, abandoned")
             chunks.append(chunk)
-    body = b"".join(chunks)
-    try:
-        return body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        snippet = body[max(exc.start - 20, 0) : exc.start + 20]
-        raise ScrapeError(f"target {name}: body is not UTF-8 at byte {exc.start} (near {snippet!r})") from exc
+    return b"".join(chunks)
 
 
 def now_ns() -> int:

@@ -1,0 +1,163 @@
+"""Wiring of the node agent (``ioe sidecar``): store, write queue, sources, API and maintenance.
+
+Start-up order: open the store (the only writer), start the writer thread, start the API
+(health, self-metrics, OTLP/HTTP), the optional OTLP/gRPC receiver, then every source. On
+stop the order reverses and the queue is drained into the store before it is closed, so a
+clean shutdown loses nothing that was accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import uvicorn
+
+from api.app import create_app
+from collector.selfmetrics import SelfMetrics
+from collector.sidecar import Reader, Sidecar
+from collector.store import Retention, Store
+from collector.writer import QueueSink, WriterThread
+from ioe.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def open_store(settings: Settings) -> Any:
+    """The store chosen by ``settings.store_backend``: an embedded DuckDB file or DuckLake."""
+    if settings.store_backend == "ducklake":
+        from collector.lake import open_store as open_lake
+
+        return open_lake(settings)
+    return Store(settings.store_path)
+
+
+def build_readers(settings: Settings) -> list[Reader]:
+    """The device readers enabled in settings; each reports for itself whether it can run here."""
+    readers: list[Reader] = []
+    r = settings.readers
+    if r.nvml:
+        from collector.sources.nvml import NvmlReader
+
+        readers.append(NvmlReader(host=settings.host))
+    if r.dcgm:
+        from collector.sources.pydcgm import DcgmReader
+
+        readers.append(DcgmReader(host=settings.host))
+    if r.infiniband:
+        from collector.sources.infiniband import InfinibandReader
+
+        readers.append(InfinibandReader(root=r.sysfs_infiniband, host=settings.host))
+    return readers
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside the agent's loop: the agent owns SIGINT/SIGTERM and stops the API itself."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Agent:
+    """Owns every moving part of one sidecar process."""
+
+    def __init__(self, settings: Settings, *, readers: list[Reader] | None = None):
+        self.settings = settings
+        self.metrics = SelfMetrics()
+        self.store = open_store(settings)
+        self.queue = QueueSink(settings.queue_max_batches, on_drop=self._dropped)
+        self.writer = WriterThread(
+            self.queue,
+            self.store,
+            flush_interval_s=settings.flush_interval_s,
+            on_stored=self.metrics.stored,
+            on_error=lambda t, n, e: self.metrics.dropped("write_error", n),
+        )
+        self.sidecar = Sidecar(
+            settings,
+            self.queue,
+            self.metrics,
+            readers=build_readers(settings) if readers is None else readers,
+        )
+        self.app = create_app(settings, self.store, sink=self.queue, registries=[self.metrics.registry])
+        self._grpc: Any = None
+
+    def _dropped(self, table: str, rows: int) -> None:
+        self.metrics.dropped("queue_full", rows)
+
+    async def run(self, *, install_signals: bool = True) -> None:
+        self.writer.start()
+        server = uvicorn.Server(
+            uvicorn.Config(
+                self.app,
+                host=self.settings.listen_host,
+                port=self.settings.listen_port,
+                log_level="warning",
+                lifespan="off",
+                timeout_graceful_shutdown=2,
+            )
+        )
+        if install_signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.sidecar.stop)
+        self._start_grpc()
+        api_task = asyncio.create_task(server.serve(), name="api")
+        try:
+            await self.sidecar.run(extra=self._extra_loops())
+        finally:
+            server.should_exit = True
+            with contextlib.suppress(Exception):
+                await api_task
+            self.close()
+
+    def _extra_loops(self) -> list[Callable[[], Any]]:
+        loops: list[Callable[[], Any]] = [self._maintenance_loop]
+        if self.settings.nccl_inspector_dir:
+            loops.append(self._inspector_loop)
+        return loops
+
+    def _start_grpc(self) -> None:
+        if self.settings.otlp.grpc_port:
+            from collector.sources.otlp_grpc import start_grpc_receiver
+
+            self._grpc = start_grpc_receiver(
+                self.queue,
+                host=self.settings.listen_host,
+                port=self.settings.otlp.grpc_port,
+                max_message_bytes=self.settings.otlp.max_body_bytes,
+            )
+
+    async def _maintenance_loop(self) -> None:
+        retention = Retention(self.settings.raw_retention_s, self.settings.rollup_retention_s)
+        while await self.sidecar._sleep(self.settings.maintenance_interval_s):
+            try:
+                await asyncio.to_thread(self.store.maintain, time.time_ns(), retention)
+            except Exception:
+                log.exception("store maintenance failed; will retry next interval")
+
+    async def _inspector_loop(self) -> None:
+        from pathlib import Path
+
+        from collector.sources.tailer import InspectorTailer
+
+        directory = Path(self.settings.nccl_inspector_dir)
+        state = Path(self.settings.store_path).with_suffix(".inspector-offsets.json")
+        tailer = InspectorTailer(directory, state, self.queue)
+        while await self.sidecar._sleep(self.settings.readers.interval_s):
+            try:
+                await asyncio.to_thread(tailer.poll)
+            except Exception:
+                log.exception("NCCL Inspector tailer failed on %s; will retry", directory)
+
+    def close(self) -> None:
+        if self._grpc is not None:
+            self._grpc.stop()
+        self.writer.stop()
+        self.store.close()

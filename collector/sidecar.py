@@ -1,0 +1,286 @@
+"""The node agent's loop: every source on its own schedule, one writer, one API.
+
+Rules:
+1. Each scrape target, device reader and tailer runs as its own asyncio task; a dead, slow
+   or garbage-spewing source only ever delays itself (its own timeout and backoff).
+2. Parsing runs in a worker thread, so a large body never stalls the event loop.
+3. Sources hand batches to a bounded queue (:class:`collector.writer.QueueSink`); when it is
+   full the batch is dropped and counted (``ioe_rows_dropped_total{reason="queue_full"}``),
+   never waited for. One writer thread is the only thing that touches the store.
+4. A bad line costs that line only: the good samples of the scrape are kept, the refused ones
+   are counted and logged once per scrape with the target and line, and stored in
+   ``ingest_errors``.
+5. Health of every source is written to ``targets`` after each attempt and exported as
+   ``ioe_target_up`` and friends on the sidecar's own ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+import polars as pl
+
+from collector.errors import Problem
+from collector.formats import Parsed
+from collector.formats.scrape import parse_scrape
+from collector.rates import CounterRates
+from collector.records import frame
+from collector.selfmetrics import SelfMetrics
+from collector.sources.http_scraper import Health, ScrapeError, fetch, next_delay
+from collector.writer import QueueSink
+from ioe.settings import DeploymentSpec, Settings, TargetSpec
+
+log = logging.getLogger(__name__)
+
+
+class Reader(Protocol):
+    """A device reader (NVML, pydcgm, InfiniBand sysfs)."""
+
+    name: str
+
+    def available(self) -> tuple[bool, str]: ...
+
+    def read(self, ts_ns: int) -> Parsed: ...
+
+
+@dataclass
+class SourceState:
+    name: str
+    kind: str
+    url: str = ""
+    host: str = ""
+    health: Health = field(default_factory=Health)
+
+
+class Sidecar:
+    """Runs the sources of one node against a sink; see the module rules."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        sink: QueueSink,
+        metrics: SelfMetrics,
+        *,
+        readers: list[Reader] | None = None,
+        clock: Callable[[], int] = time.time_ns,
+        rng: random.Random | None = None,
+    ):
+        self.settings = settings
+        self.sink = sink
+        self.metrics = metrics
+        self.readers = readers or []
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.states: dict[str, SourceState] = {}
+        self._rates: dict[str, CounterRates] = {}
+        self._stop = asyncio.Event()
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def run(self, extra: list[Callable[[], Any]] | None = None) -> None:
+        """Run every source until :meth:`stop`; ``extra`` are more coroutine factories to run alongside."""
+        self.write_deployments(self.settings.deployments)
+        async with httpx.AsyncClient(follow_redirects=False, trust_env=False) as client:
+            tasks = [
+                asyncio.create_task(self._target_loop(client, t), name=f"target:{t.name}")
+                for t in self.settings.targets
+            ]
+            tasks += [
+                asyncio.create_task(self._reader_loop(r), name=f"reader:{r.name}") for r in self.readers
+            ]
+            tasks += [asyncio.create_task(make(), name="extra") for make in extra or []]
+            await self._stop.wait()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _sleep(self, seconds: float) -> bool:
+        """Sleep unless stopped first; True when the loop should go on."""
+        try:
+            await asyncio.wait_for(self._stop.wait(), timeout=max(seconds, 0.0))
+        except TimeoutError:
+            return True
+        return False
+
+    # -- scrape targets ---------------------------------------------------------------------
+    async def _target_loop(self, client: httpx.AsyncClient, spec: TargetSpec) -> None:
+        state = self.states.setdefault(spec.name, SourceState(spec.name, spec.kind, spec.url, spec.host))
+        while True:
+            started = time.monotonic()
+            await self.scrape_target(client, spec, state)
+            delay = next_delay(spec.interval_s, state.health.consecutive_failures, self.rng)
+            if not await self._sleep(delay - (time.monotonic() - started)):
+                return
+
+    async def scrape_target(self, client: httpx.AsyncClient, spec: TargetSpec, state: SourceState) -> None:
+        """One scrape of one target: fetch, parse off-loop, rate counters, enqueue, record health."""
+        ts_ns = self.clock()
+        t0 = time.monotonic()
+        try:
+            text = await fetch(client, spec.name, spec.url, spec.timeout_s, spec.max_body_bytes)
+            parsed = await asyncio.to_thread(
+                parse_scrape,
+                text,
+                kind=spec.kind,
+                ts_ns=ts_ns,
+                host=spec.host or self.settings.host,
+                source=spec.name,
+            )
+        except ScrapeError as exc:
+            self._record(state, ts_ns, time.monotonic() - t0, error=str(exc))
+            return
+        except Exception as exc:  # a parser bug must not kill the loop of this target
+            log.exception("target %s: parsing failed", spec.name)
+            self._record(state, ts_ns, time.monotonic() - t0, error=f"parse failed: {exc}")
+            return
+        parsed = self._with_rates(spec.name, parsed)
+        stored = self._enqueue(parsed, spec.name)
+        self._record(state, ts_ns, time.monotonic() - t0, samples=stored, problems=parsed.problems)
+
+    def _with_rates(self, source: str, parsed: Parsed) -> Parsed:
+        engine = parsed.tables.get("engine_samples")
+        if engine is not None and engine.height:
+            rates = self._rates.setdefault(source, CounterRates())
+            parsed.tables["engine_samples"] = rates.apply(engine)
+        return parsed
+
+    # -- device readers ---------------------------------------------------------------------
+    async def _reader_loop(self, reader: Reader) -> None:
+        state = self.states.setdefault(
+            reader.name, SourceState(reader.name, "reader", host=self.settings.host)
+        )
+        ok, why = await asyncio.to_thread(reader.available)
+        if not ok:
+            log.warning("reader %s not available: %s; carrying on without it", reader.name, why)
+            self._record(state, self.clock(), 0.0, error=f"unavailable: {why}")
+            return
+        interval = self.settings.readers.interval_s
+        while True:
+            ts_ns, t0 = self.clock(), time.monotonic()
+            try:
+                parsed = await asyncio.to_thread(reader.read, ts_ns)
+                stored = self._enqueue(parsed, reader.name)
+                self._record(state, ts_ns, time.monotonic() - t0, samples=stored, problems=parsed.problems)
+            except Exception as exc:
+                log.exception("reader %s failed", reader.name)
+                self._record(state, ts_ns, time.monotonic() - t0, error=str(exc))
+            if not await self._sleep(interval - (time.monotonic() - t0)):
+                return
+
+    # -- shared -----------------------------------------------------------------------------
+    def _enqueue(self, parsed: Parsed, source: str) -> int:
+        rows = 0
+        for table, batch in parsed.tables.items():
+            if self.sink.offer(table, batch):
+                rows += batch.height
+        if parsed.problems:
+            self.metrics.dropped("parse", len(parsed.problems))
+            first = parsed.problems[0]
+            log.warning("%s: %d input problem(s) refused, first: %s", source, len(parsed.problems), first)
+            self.sink.offer("ingest_errors", _problems_frame(parsed.problems, source, self.clock()))
+        self.metrics.queue_batches.set(self.sink.queue.qsize())
+        return rows
+
+    def _record(
+        self,
+        state: SourceState,
+        ts_ns: int,
+        duration_s: float,
+        *,
+        samples: int = 0,
+        error: str = "",
+        problems: list[Problem] | None = None,
+    ) -> None:
+        h = state.health
+        h.scrapes += 1
+        h.up = not error
+        h.last_scrape_ns, h.last_duration_s, h.samples_last = ts_ns, duration_s, samples
+        h.dropped_last = len(problems or [])
+        if error:
+            h.failures += 1
+            h.consecutive_failures += 1
+            if h.consecutive_failures == 1 or h.consecutive_failures % 60 == 0:
+                log.warning("%s down (%d in a row): %s", state.name, h.consecutive_failures, error)
+        else:
+            h.consecutive_failures = 0
+        h.last_error = error
+        self._export(state)
+        self.sink.offer("targets", _health_frame(state, self.clock()))
+
+    def _export(self, state: SourceState) -> None:
+        m = self.metrics
+        m.target_up.labels(state.name, state.kind).set(1 if state.health.up else 0)
+        m.scrape_duration.labels(state.name).set(state.health.last_duration_s)
+        m.scrapes.labels(state.name).inc()
+        if not state.health.up:
+            m.scrape_failures.labels(state.name).inc()
+
+    def write_deployments(self, specs: list[DeploymentSpec]) -> None:
+        if specs:
+            self.sink.offer("deployments", deployments_frame(specs, self.clock()))
+
+
+def _health_frame(state: SourceState, now: int) -> pl.DataFrame:
+    h = state.health
+    return frame(
+        "targets",
+        {
+            "target": [state.name],
+            "kind": [state.kind],
+            "url": [state.url],
+            "host": [state.host],
+            "up": [h.up],
+            "last_scrape_ns": [h.last_scrape_ns],
+            "last_duration_s": [h.last_duration_s],
+            "last_error": [h.last_error],
+            "samples_last": [h.samples_last],
+            "dropped_last": [h.dropped_last],
+            "consecutive_failures": [h.consecutive_failures],
+            "updated_ns": [now],
+        },
+    )
+
+
+def _problems_frame(problems: list[Problem], source: str, now: int) -> pl.DataFrame:
+    return frame(
+        "ingest_errors",
+        {
+            "ts_ns": [now + i for i in range(len(problems))],
+            "source": [source] * len(problems),
+            "location": [p.location for p in problems],
+            "message": [p.message for p in problems],
+        },
+    )
+
+
+def deployments_frame(specs: list[DeploymentSpec], now: int) -> pl.DataFrame:
+    """The ``deployments`` rows for declared deployments (origin ``config``)."""
+    return frame(
+        "deployments",
+        {
+            "name": [d.name for d in specs],
+            "model": [d.model for d in specs],
+            "gpu_type": [d.gpu_type for d in specs],
+            "tp": [d.tp for d in specs],
+            "pp": [d.pp for d in specs],
+            "dp": [d.dp for d in specs],
+            "ep": [d.ep for d in specs],
+            "roles": [json.dumps(d.roles, sort_keys=True) for d in specs],
+            "nodes": [json.dumps(d.nodes) for d in specs],
+            "fabric": [d.fabric for d in specs],
+            "engine": [d.engine for d in specs],
+            "origin": ["config"] * len(specs),
+            "spec": [d.model_dump_json() for d in specs],
+            "updated_ns": [now] * len(specs),
+        },
+    )
