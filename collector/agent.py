@@ -22,7 +22,7 @@ from api.app import create_app
 from collector.selfmetrics import SelfMetrics
 from collector.sidecar import Reader, Sidecar
 from collector.store import Retention, Store
-from collector.writer import QueueSink, WriterThread
+from collector.writer import DirectSink, QueueSink, WriterThread
 from ioe.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,9 @@ class Agent:
             self.metrics,
             readers=build_readers(settings) if readers is None else readers,
         )
-        self.app = create_app(settings, self.store, sink=self.queue, registries=[self.metrics.registry])
+        # receivers acknowledge only what is committed (their clients retry what was not)
+        self.direct = DirectSink(self.store, on_stored=self.metrics.stored)
+        self.app = create_app(settings, self.store, sink=self.direct, registries=[self.metrics.registry])
         self._grpc: Any = None
 
     def _dropped(self, table: str, rows: int) -> None:
@@ -128,7 +130,7 @@ class Agent:
             from collector.sources.otlp_grpc import start_grpc_receiver
 
             self._grpc = start_grpc_receiver(
-                self.queue,
+                self.direct,
                 host=self.settings.listen_host,
                 port=self.settings.otlp.grpc_port,
                 max_message_bytes=self.settings.otlp.max_body_bytes,

@@ -107,3 +107,36 @@ class WriterThread(threading.Thread):
             except Exception as exc:  # one bad batch must not stop the writer
                 log.exception("store write to %s failed (%d rows dropped)", table, batch.height)
                 self._on_error(table, batch.height, exc)
+
+
+class DirectSink:
+    """Writes straight to the store before the caller answers, for receivers whose clients retry.
+
+    An OTLP exporter that got a 200 never sends those spans again, so a span is acknowledged
+    only once it is committed in the store. At most ``max_concurrent`` writes run at once; a
+    request that cannot start one within ``wait_s`` gets :class:`Overloaded` (the receiver
+    answers "retry later").
+    """
+
+    def __init__(
+        self,
+        store: Sink,
+        *,
+        max_concurrent: int = 4,
+        wait_s: float = 0.5,
+        on_stored: Callable[[str, int], None] | None = None,
+    ):
+        self.store = store
+        self._slots = threading.BoundedSemaphore(max_concurrent)
+        self.wait_s = wait_s
+        self._on_stored = on_stored or (lambda t, n: None)
+
+    def write(self, table: str, batch: pl.DataFrame | pa.Table) -> int:
+        if not self._slots.acquire(timeout=self.wait_s):
+            raise Overloaded(f"store busy: no write slot within {self.wait_s:g} s")
+        try:
+            rows = self.store.write(table, batch)
+        finally:
+            self._slots.release()
+        self._on_stored(table, rows)
+        return rows
