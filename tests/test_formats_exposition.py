@@ -118,7 +118,7 @@ BAD_CASES = [
         'good{a="1"} 1\ngood{a="1"} 2\ngood2 2\n',
         "line 2",
         "duplicate series, first seen on line 1",
-    ),  # noqa: E501
+    ),
     ("dup reordered", 'good{a="1",b="2"} 1\ngood{b="2", a="1",} 2\ngood2 2\n', "line 2", "duplicate series"),
     ("unknown type", "# TYPE good bogus\ngood 1\ngood2 2\n", "line 1", "unknown metric type 'bogus'"),
     ("second type", "# TYPE good gauge\n# TYPE good counter\ngood 1\ngood2 2\n", "line 2", "second # TYPE"),

@@ -30,6 +30,7 @@ Rules:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from collector.errors import Problem
@@ -196,7 +197,7 @@ def _append(cols: dict[str, list[Any]], sample: Sample, *, ts_ns: int, host: str
         cols[column].append(value)
 
 
-def gpu_index(labels: dict[str, str]) -> int:
+def gpu_index(labels: Mapping[str, str]) -> int:
     """Rule 5: ``gpu`` label, else the N of ``device="nvidiaN"``, else -1."""
     index = _int_or(labels.get("gpu", ""), -1)
     if index < 0:
@@ -206,7 +207,7 @@ def gpu_index(labels: dict[str, str]) -> int:
     return index
 
 
-def _first(labels: dict[str, str], spellings: tuple[str, ...]) -> str:
+def _first(labels: Mapping[str, str], spellings: tuple[str, ...]) -> str:
     for key in spellings:
         value = labels.get(key)
         if value:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from collector.errors import Problem, quote
@@ -197,10 +198,13 @@ class _Rows:
     def __init__(self, source: str, ts_ns: int) -> None:
         self.source = source
         self.ts_ns = ts_ns
-        self.samples: dict[str, list[Any]] = {c: [] for c in _SAMPLE_COLUMNS}
-        self.buckets: dict[str, list[Any]] = {c: [] for c in _BUCKET_COLUMNS}
+        self.samples: list[tuple[Any, ...]] = []
+        self.buckets: list[tuple[Any, ...]] = []
         self.problems: list[Problem] = []
         self.non_finite = 0
+        # identity columns per (engine, label mapping): the parser shares one mapping among
+        # the samples of a body with equal labels, so this is computed once per label set
+        self.identities: dict[tuple[str, int], tuple[Any, ...]] = {}
 
     def add(self, engine: str, sample: Sample, concept: Concept, suffix: str) -> None:
         if not math.isfinite(sample.value):
@@ -219,23 +223,24 @@ class _Rows:
                 where = f"{sample.name}{{le={quote(sample.labels.get('le', ''))}}}"
                 self.problems.append(Problem(where, "bucket without a numeric le"))
                 return
-            _push(self.buckets, (*ident, le, value))
+            self.buckets.append((*ident, le, value))
         else:
-            _push(self.samples, (*ident, value, None))
+            self.samples.append((*ident, value, None))
 
     def identity(self, engine: str, sample: Sample, concept: str) -> tuple[Any, ...]:
-        labels = sample.labels
+        """``_ID_COLUMNS`` of one row (rules 2, 3 and 8)."""
         ts = int(sample.timestamp_ms * 1_000_000) if sample.timestamp_ms is not None else self.ts_ns
-        model = labels.get("model_name") or labels.get("model", "")
-        dp = _rank(labels, "engine") if engine == "vllm" else _rank(labels, "dp_rank")
-        ep = _rank(labels, "moe_ep_rank") if "moe_ep_rank" in labels else _rank(labels, "ep_rank")
-        ranks = (dp, _rank(labels, "tp_rank"), _rank(labels, "pp_rank"), ep)
-        return (ts, self.source, engine, model, *ranks, concept, _labels_json(labels, engine))
+        key = (engine, id(sample.labels))
+        ranks = self.identities.get(key)
+        if ranks is None:
+            ranks = self.identities[key] = _identity(engine, sample.labels)
+        model, dp, tp, pp, ep, labels_json = ranks
+        return (ts, self.source, engine, model, dp, tp, pp, ep, concept, labels_json)
 
     def parsed(self) -> Parsed:
         result = Parsed(problems=self.problems)
-        result.add("engine_samples", frame("engine_samples", self.samples))
-        result.add("histogram_buckets", frame("histogram_buckets", self.buckets))
+        result.add("engine_samples", frame("engine_samples", _columns(_SAMPLE_COLUMNS, self.samples)))
+        result.add("histogram_buckets", frame("histogram_buckets", _columns(_BUCKET_COLUMNS, self.buckets)))
         if self.non_finite:
             result.problems.append(
                 Problem("engine", f"{self.non_finite} non-finite value(s) dropped (rule 6)")
@@ -274,19 +279,29 @@ def _concept_value(concept: Concept, suffix: str, value: float) -> tuple[str | N
     return concept.concept, value * concept.scale
 
 
-def _push(cols: dict[str, list[Any]], row: tuple[Any, ...]) -> None:
-    for column, value in zip(cols, row, strict=True):
-        cols[column].append(value)
+def _columns(names: tuple[str, ...], rows: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    """Row tuples -> column lists (one C-level transpose)."""
+    if not rows:
+        return {name: [] for name in names}
+    return dict(zip(names, map(list, zip(*rows, strict=True)), strict=True))
 
 
-def _rank(labels: dict[str, str], key: str) -> int:
+def _identity(engine: str, labels: Mapping[str, str]) -> tuple[Any, ...]:
+    """Rule 2-3: ``(model, dp, tp, pp, ep, labels JSON)`` of one label set."""
+    model = labels.get("model_name") or labels.get("model", "")
+    dp = _rank(labels, "engine") if engine == "vllm" else _rank(labels, "dp_rank")
+    ep = _rank(labels, "moe_ep_rank") if "moe_ep_rank" in labels else _rank(labels, "ep_rank")
+    return (model, dp, _rank(labels, "tp_rank"), _rank(labels, "pp_rank"), ep, _labels_json(labels, engine))
+
+
+def _rank(labels: Mapping[str, str], key: str) -> int:
     try:
         return int(labels.get(key, ""))
     except ValueError:
         return -1
 
 
-def _labels_json(labels: dict[str, str], engine: str) -> str:
+def _labels_json(labels: Mapping[str, str], engine: str) -> str:
     """Rule 3: labels not consumed by an identity column, as sorted compact JSON."""
     rest = {k: v for k, v in labels.items() if not _consumed(k, v, engine)}
     return json.dumps(rest, sort_keys=True, separators=(",", ":"))

@@ -45,10 +45,11 @@ of one family are contiguous or that histogram buckets are ordered.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain, compress, repeat
+from types import MappingProxyType
 from typing import NamedTuple
 
 from collector.errors import ParseError, Problem, quote
@@ -72,18 +73,19 @@ _SAMPLE = re.compile(
     r"(?:[ \t]+([^ \t#]+))?"  # timestamp
     r"(?:[ \t]+(#.*))?"  # exemplar (OpenMetrics only)
 )
-_FAST = re.compile(
-    r"^[ \t]*(?:(#[^\n]*)"  # 1: a comment line
+_FAST = re.compile(  # ``.`` never matches a newline here (no DOTALL)
+    r"^[ \t]*(?:(#.*)"  # 1: a comment line
     r"|([a-zA-Z_:][a-zA-Z0-9_:]*)"  # 2: metric name
-    r"(?:[ \t]*\{([^\n]*)\}[ \t]*|[ \t]+)"  # 3: label block, first '{' to last '}'
+    r"(?:[ \t]*\{(.*)\}[ \t]*|[ \t]+)"  # 3: label block, first '{' to last '}'
     r"([^ \t\r\n_#{}]+)"  # 4: value
     r"(?:[ \t]+([^ \t\r\n_#{}]+))?[ \t]*\r?$"  # 5: timestamp
-    r"|([^\n]+))",  # 6: anything else
+    r"|(.+))",  # 6: anything else
     re.M,
 )
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _UNESCAPE = re.compile(r'\\[\\n"]')
 _UNESCAPE_HELP = re.compile(r"\\[\\n]")
+_LabelSet = frozenset[tuple[str, str]]
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})
 _ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 
 
@@ -91,7 +93,7 @@ class Sample(NamedTuple):
     """One sample: metric name as written (rule 8 aside), labels, value, timestamp in ms."""
 
     name: str
-    labels: dict[str, str]
+    labels: Mapping[str, str]  # read-only; shared by the samples of one body with equal labels
     value: float
     timestamp_ms: float | None = None
 
@@ -185,7 +187,7 @@ def _scan_clean(text: str, st: _State) -> bool:
         names = tuple(_renamed(rows))
     if len(set(zip(names, canons, strict=True))) != len(names):
         return False
-    st.exp.samples.extend(map(_new_sample, zip(names, map(dict, label_sets), values, repeat(None))))
+    st.exp.samples.extend(map(_new_sample, zip(names, label_sets, values, repeat(None))))
     return True
 
 
@@ -205,8 +207,8 @@ def _has_clash(st: _State, names: tuple[str, ...]) -> bool:
     spaces = {f.split(":", 1)[0] + "_" for f in chain(st.exp.types, st.exp.helps) if ":" in f}
     if not spaces:
         return False
-    prefixes = tuple(spaces)
-    return any(n.startswith(prefixes) for n in names)
+    joined = "\n" + "\n".join(names)  # one C-level search per namespace, not one call per name
+    return any(f"\n{space}" in joined for space in spaces)
 
 
 def _renamed(rows: list[tuple[str, ...]]) -> Iterator[str]:
@@ -246,8 +248,10 @@ class _State:
         self.eof = False
         self.family = ""
         self.clash = ""  # rule 8: the family's name with ':' replaced by '_', when it has one
-        self.seen: dict[tuple[str, str | None], int] = {}
-        self.label_cache: dict[str, tuple[dict[str, str] | str, str | None]] = {"": ({}, "")}
+        self.seen: dict[tuple[str, _LabelSet | None], int] = {}
+        self.label_cache: dict[str, tuple[Mapping[str, str] | str, _LabelSet | None]] = {
+            "": (_NO_LABELS, frozenset())
+        }
         self.names_ok: set[str] = set()
         self.extra_problems = 0
 
@@ -280,7 +284,7 @@ class _State:
             self.set_family(parts[2])
 
     def type_line(self, lineno: int, line: str, parts: list[str]) -> None:
-        if len(parts) != 4 or not _NAME.fullmatch(parts[2]):
+        if len(parts) != 4 or not _is_metric_name(parts[2]):
             self.problem(lineno, line, "malformed # TYPE line (rule 5)")
             return
         name, typ = parts[2], parts[3].strip()
@@ -345,7 +349,7 @@ class _State:
                 return "unterminated label set (rule 3)"
             name, block, rest = line[:brace].rstrip(), line[brace + 1 : close], line[close + 1 :].split()
         if name not in self.names_ok:
-            if not _NAME.fullmatch(name):
+            if not _is_metric_name(name):
                 return f"invalid metric name {name!r} (rule 3)"
             self.names_ok.add(name)
         if not 1 <= len(rest) <= 2:
@@ -361,16 +365,17 @@ class _State:
             return "exemplar in 0.0.4 text (rule 2)"
         return name, block or "", value_text, ts_text
 
-    def labels(self, block: str) -> tuple[dict[str, str] | str, str | None]:
-        """``(labels, canonical form)`` for a ``{...}`` body, or ``(error, None)``; cached per call."""
+    def labels(self, block: str) -> tuple[Mapping[str, str] | str, _LabelSet | None]:
+        """``(labels, label set)`` for a ``{...}`` body, or ``(error, None)``; cached per call."""
         cached = self.label_cache.get(block)
         if cached is None:
             cached = _parse_labels(block)
             self.label_cache[block] = cached
-        labels, canon = cached
-        return (dict(labels), canon) if isinstance(labels, dict) else cached
+        return cached
 
-    def build(self, name: str, labels: dict[str, str], value_text: str, ts_text: str | None) -> Sample | str:
+    def build(
+        self, name: str, labels: Mapping[str, str], value_text: str, ts_text: str | None
+    ) -> Sample | str:
         value = _number(value_text)
         if value is None:
             return f"bad value {value_text!r} (rule 4)"
@@ -389,35 +394,44 @@ def _replace(m: re.Match[str]) -> str:
     return _ESCAPES[m.group(0)]
 
 
-def _parse_labels(block: str) -> tuple[dict[str, str] | str, str | None]:
-    """Rule 3: ``(labels, canonical form)`` of a ``{...}`` body, or ``(error message, None)``.
+def _parse_labels(block: str) -> tuple[Mapping[str, str] | str, _LabelSet | None]:
+    """Rule 3: ``(labels, label set)`` of a ``{...}`` body, or ``(error message, None)``.
 
-    The canonical form is the label set written sorted, compact and escaped: equal for two
-    blocks that spell one label set differently (order, blanks, trailing comma), so rule 6
-    sees them as one series. A compact sorted block without escapes is its own canonical form.
+    The frozen label set is equal for two blocks that spell one label set differently
+    (order, blanks, trailing comma), so rule 6 sees them as one series; it caches its hash,
+    so keying every sample by it stays cheap.
     """
+    compact = _compact_labels(block)
+    if compact is not None:
+        return MappingProxyType(compact), frozenset(compact.items())
     pairs = _LABEL_PAIR.findall(block)
-    plain = ",".join([f'{k}="{v}"' for k, v in pairs])
-    if plain != block and not _LABEL_BLOCK.fullmatch(block):
+    if ",".join([f'{k}="{v}"' for k, v in pairs]) != block and not _LABEL_BLOCK.fullmatch(block):
         return "malformed label set (rule 3)", None
     labels = dict(pairs) if "\\" not in block else {k: _UNESCAPE.sub(_replace, v) for k, v in pairs}
     if len(labels) != len(pairs):
         return "duplicate label name (rule 3)", None
-    if (
-        plain == block
-        and "\\" not in block
-        and all(pairs[i][0] < pairs[i + 1][0] for i in range(len(pairs) - 1))
-    ):
-        return labels, block
-    return labels, ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+    return MappingProxyType(labels), frozenset(labels.items())
 
 
-def _sorted_names(pairs: list[tuple[str, str]]) -> bool:
-    return all(pairs[i][0] < pairs[i + 1][0] for i in range(len(pairs) - 1))
+def _compact_labels(block: str) -> dict[str, str] | None:
+    """The labels of a compact block without escapes (``a="x",b="y"``), else None.
+
+    Without backslashes a value cannot hold a ``"``, so splitting on ``",`` is exact; any
+    blank, trailing comma, escape or odd name sends the block to the regular expressions.
+    """
+    if "\\" in block or not block.endswith('"'):
+        return None
+    parts = [p.partition('="') for p in block[:-1].split('",')]
+    for name, sep, value in parts:
+        if not sep or '"' in value or not name.isidentifier() or not name.isascii():
+            return None
+    labels = {name: value for name, _, value in parts}
+    return labels if len(labels) == len(parts) else None
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def _is_metric_name(name: str) -> bool:
+    """Rule 3: ``[a-zA-Z_:][a-zA-Z0-9_:]*`` (C-level string checks, no regex call)."""
+    return name.isascii() and name.replace(":", "_").isidentifier()
 
 
 def _number(text: str) -> float | None:
