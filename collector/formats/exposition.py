@@ -38,6 +38,13 @@ Rules (numbered so that errors and tests can point at them):
    of a counter whose TYPE name lacks ``_total`` to ``<name>_total``; Prometheus itself does
    not, and neither does this parser.)
 
+10. ``Sample.labels`` is a read-only mapping shared by every sample of one body that has the
+    same label block (it is built once per distinct block); copy it before changing it.
+
+Two paths accept the same language: a column-wise fast path for clean bodies (what the
+benchmark measures) and an exact line-by-line path, used for the whole body as soon as
+anything is refused, that names every problem with its line number.
+
 This parser is laxer than Prometheus's Go parser in one way: it does not check that samples
 of one family are contiguous or that histogram buckets are ordered.
 """
