@@ -13,6 +13,8 @@ Rules:
     Cp is *reached* when the slope past it is below ``cp_knee_elasticity_max`` and below
     the slope before it; otherwise the deployment still scales at the highest concurrency seen and
     Cp is reported as a lower bound (``cp`` None, ``cp_lower_bound`` = max concurrency).
+    Curves with more than ``MAX_LEVELS`` distinct concurrencies (per-minute history) are first
+    averaged within equal-width groups of log concurrency.
  3. Uncertainty: a wild bootstrap (residuals × random ±1, ``cp_bootstrap_rounds`` rounds, fixed
     seed) refits rule 2; ``cp_low``/``cp_high`` are the 10th/90th percentiles of the reached
     breakpoints (widened to hold the point estimate) and ``p_reached`` the share of rounds that reached one.
@@ -45,10 +47,11 @@ import numpy as np
 import polars as pl
 
 from analyzer.deployments import ENGINE_KEY_SQL, Deployment
-from analyzer.latency import NS, binned_quantiles, counter_increases
+from analyzer.latency import NS, binned_quantiles, counter_increases, table_sql
 from analyzer.thresholds import Thresholds
 
 DRAM_PRACTICAL_CEILING = 0.8  # REFERENCE §1
+MAX_LEVELS = 40  # concurrency levels a curve is reduced to before fitting (rule 2)
 
 
 @dataclass(frozen=True)
@@ -93,8 +96,14 @@ def _collapse(c: Sequence[float], v: Sequence[float]) -> tuple[np.ndarray, np.nd
     """Sorted unique log2 concurrency and mean log2 value (repeated points averaged)."""
     cc, vv = np.asarray(c, dtype=float), np.asarray(v, dtype=float)
     ok = (cc > 0) & (vv > 0) & np.isfinite(cc) & np.isfinite(vv)
-    xs, inv = np.unique(np.log2(cc[ok]), return_inverse=True)
-    ys = np.bincount(inv, weights=np.log2(vv[ok])) / np.bincount(inv)
+    lx, ly = np.log2(cc[ok]), np.log2(vv[ok])
+    if len(np.unique(lx)) > MAX_LEVELS:  # long histories: average within equal log-width groups
+        edges = np.linspace(lx.min(), lx.max(), MAX_LEVELS + 1)
+        lx = (edges[:-1] + np.diff(edges) / 2)[
+            np.clip(np.searchsorted(edges, lx, side="right") - 1, 0, MAX_LEVELS - 1)
+        ]
+    xs, inv = np.unique(lx, return_inverse=True)
+    ys = np.bincount(inv, weights=ly) / np.bincount(inv)
     return xs, ys
 
 
@@ -152,16 +161,26 @@ def _bootstrap(
 
 
 def load_bins(
-    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, th: Thresholds
+    con: duckdb.DuckDBPyConnection,
+    dep: Deployment,
+    start_ns: int,
+    end_ns: int,
+    th: Thresholds,
+    *,
+    rollup: bool = False,
 ) -> pl.DataFrame:
-    """Per-bin ``[bin, running, tokens_per_s, itl_p50_s, itl_p99_s, sm, dram]`` for rule 6 (a)-(c)."""
+    """Per-bin ``[bin, running, tokens_per_s, itl_p50_s, itl_p99_s, sm, dram]`` for rule 6 (a)-(c).
+
+    ``rollup`` reads the per-minute ``*_1m`` tables (``bin_s`` should then be a multiple of 60).
+    """
 
     bin_ns = int(th.bin_s * NS)
     keys = list(dep.engine_keys)
     run = con.execute(
         f"""SELECT b AS bin, sum(v) AS running FROM (
                SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS b, {ENGINE_KEY_SQL} AS k, avg(value) AS v
-               FROM engine_samples WHERE ts_ns > ? AND ts_ns <= ? AND concept = 'requests_running'
+               FROM {table_sql("engine_gauges", rollup)} WHERE ts_ns > ? AND ts_ns <= ?
+                 AND concept = 'requests_running'
                  AND list_contains(?, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY b""",
         [start_ns, bin_ns, start_ns, end_ns, keys],
     ).pl()
@@ -173,22 +192,25 @@ def load_bins(
         keys=keys,
         bin_s=th.bin_s,
         lookback_s=th.counter_lookback_s,
+        rollup=rollup,
     ).select("bin", (pl.col("increase") / th.bin_s).alias("tokens_per_s"))
-    q = binned_quantiles(con, start_ns, end_ns, th.bin_s, keys=keys, concepts=["itl_seconds"], qs=(0.5, 0.99))
+    q = binned_quantiles(
+        con, start_ns, end_ns, th.bin_s, keys=keys, concepts=["itl_seconds"], qs=(0.5, 0.99), rollup=rollup
+    )
     itl = q.pivot(on="q", index="bin", values="value_s") if q.height else pl.DataFrame({"bin": []})
     itl = itl.rename({c: f"itl_p{round(float(c) * 100)}_s" for c in itl.columns if c != "bin"})
     out = run.join(tok, on="bin", how="left").join(itl.cast({"bin": pl.Int64}), on="bin", how="left")
-    return out.join(_gpu_bins(con, dep, start_ns, end_ns, bin_ns), on="bin", how="left").sort("bin")
+    return out.join(_gpu_bins(con, dep, start_ns, end_ns, bin_ns, rollup), on="bin", how="left").sort("bin")
 
 
 def _gpu_bins(
-    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, bin_ns: int
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, bin_ns: int, rollup: bool
 ) -> pl.DataFrame:
     got = con.execute(
-        """SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin,
+        f"""SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin,
                   avg(value) FILTER (WHERE metric = 'sm_active_ratio') AS sm,
                   avg(value) FILTER (WHERE metric = 'dram_active_ratio') AS dram
-           FROM gpu_samples WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, uuid)
+           FROM {table_sql("gpu_samples", rollup)} WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, uuid)
              AND metric IN ('sm_active_ratio', 'dram_active_ratio') GROUP BY bin""",
         [start_ns, bin_ns, start_ns, end_ns, list(dep.gpu_uuids)],
     ).pl()
@@ -276,8 +298,12 @@ def _busbw_capability(con: duckdb.DuckDBPyConnection, op: str, n_ranks: int) -> 
 def cp_from_store(
     con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, th: Thresholds
 ) -> CpFit:
-    """Rules 2-4 on the deployment's own per-bin history: running vs tokens/s per GPU, ITL p99."""
-    bins = load_bins(con, dep, start_ns, end_ns, th).drop_nulls(["running", "tokens_per_s"])
+    """Rules 2-4 on the deployment's own per-bin history: running vs tokens/s per GPU, ITL p99.
+
+    Spans over an hour read the per-minute rollups when the store has them (latency rule 6).
+    """
+    rollup = end_ns - start_ns > 3600 * NS and _has_rollups(con, start_ns, end_ns)
+    bins = load_bins(con, dep, start_ns, end_ns, th, rollup=rollup).drop_nulls(["running", "tokens_per_s"])
     per_gpu = bins["tokens_per_s"] / max(dep.n_gpus, 1)
     lat = bins["itl_p99_s"].fill_null(float("nan")) if "itl_p99_s" in bins.columns else None
     return fit_cp(bins["running"].to_list(), per_gpu.to_list(), None if lat is None else lat.to_list(), th)
@@ -358,3 +384,10 @@ def judge_load_points(
             }
         )
     return out  # fmt: skip
+
+
+def _has_rollups(con: duckdb.DuckDBPyConnection, start_ns: int, end_ns: int) -> bool:
+    row = con.execute(
+        "SELECT count(*) FROM engine_samples_1m WHERE minute_ns >= ? AND minute_ns < ?", [start_ns, end_ns]
+    ).fetchone()
+    return bool(row and row[0])

@@ -74,10 +74,13 @@ class Deployment:
         }
 
 
-def list_deployments(con: duckdb.DuckDBPyConnection) -> list[Deployment]:
-    """Declared deployments (rule 1) followed by inferred ones (rules 2-4), sorted by name."""
-    series = _engine_series(con)
-    gpus = _gpus(con)
+def list_deployments(con: duckdb.DuckDBPyConnection, since_ns: int = 0) -> list[Deployment]:
+    """Declared deployments (rule 1) followed by inferred ones (rules 2-4), sorted by name.
+
+    Only series and GPUs seen at or after ``since_ns`` count (0: the whole store).
+    """
+    series = _engine_series(con, since_ns)
+    gpus = _gpus(con, since_ns)
     hosts = _target_hosts(con)
     declared = [_declared(con, row, series, gpus) for row in _declared_rows(con)]
     owned = {k for d in declared for k in d.engine_keys}
@@ -86,9 +89,9 @@ def list_deployments(con: duckdb.DuckDBPyConnection) -> list[Deployment]:
     return sorted(declared, key=lambda d: d.name) + sorted(inferred, key=lambda d: d.name)
 
 
-def find_deployment(con: duckdb.DuckDBPyConnection, name: str) -> Deployment:
+def find_deployment(con: duckdb.DuckDBPyConnection, name: str, since_ns: int = 0) -> Deployment:
     """The deployment called ``name``; ``KeyError`` lists the known names when absent."""
-    deps = list_deployments(con)
+    deps = list_deployments(con, since_ns)
     for d in deps:
         if d.name == name:
             return d
@@ -101,22 +104,21 @@ def _declared_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
 
 
-def _engine_series(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+def _engine_series(con: duckdb.DuckDBPyConnection, since_ns: int) -> list[dict[str, Any]]:
     rows = con.execute(
         f"""SELECT {ENGINE_KEY_SQL} AS key, source, any_value(model), max(tp_rank), max(pp_rank),
                    max(ep_rank), any_value(dp_rank)
             FROM (SELECT DISTINCT source, engine, model, dp_rank, tp_rank, pp_rank, ep_rank
-                  FROM engine_samples) GROUP BY ALL ORDER BY key"""
+                  FROM engine_samples WHERE ts_ns >= ?) GROUP BY ALL ORDER BY key""",
+        [since_ns],
     ).fetchall()
     names = ("key", "source", "model", "tp_max", "pp_max", "ep_max", "dp_rank")
     return [dict(zip(names, r, strict=True)) for r in rows]
 
 
-def _gpus(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
-    return [
-        (str(h), str(u))
-        for h, u in con.execute("SELECT DISTINCT host, uuid FROM gpu_samples ORDER BY ALL").fetchall()
-    ]
+def _gpus(con: duckdb.DuckDBPyConnection, since_ns: int) -> list[tuple[str, str]]:
+    sql = "SELECT DISTINCT host, uuid FROM gpu_samples WHERE ts_ns >= ? ORDER BY ALL"
+    return [(str(h), str(u)) for h, u in con.execute(sql, [since_ns]).fetchall()]
 
 
 def _target_hosts(con: duckdb.DuckDBPyConnection) -> dict[str, str]:

@@ -17,6 +17,9 @@ Rules:
  4. Every result is a bucket estimate (``estimate = "bucket_interpolated"``); when it lies in the
     first bucket it is flagged ``at_floor``: vLLM's request-phase histograms (queue, prefill,
     decode, e2e) start at 0.3 s, so a fast deployment's quantile from them reads ≤ 0.3 s.
+ 6. Long spans read the per-minute rollups (``*_1m``, kept by ``Store.maintain``) instead of raw
+    rows (``rollup=True``): the last cumulative count per minute gives the same increases at
+    minute resolution, so history over days stays cheap.
  5. Means come from ``<hist>_sum`` / ``<hist>_count`` counters in ``engine_samples`` with the same
     reset-aware increase (rule 1), and are exact, not estimates.
 """
@@ -111,6 +114,28 @@ def _in_inf(les: Sequence[float], cum: Sequence[float], q: float) -> bool:
     return q * max(cum, default=0.0) > finite_total
 
 
+_MINUTE_END = "minute_ns + 60000000000 AS ts_ns"
+_ENGINE_COLS = "source, engine, model, dp_rank, tp_rank, pp_rank, ep_rank, concept, labels"
+_ROLLUPS = {
+    "histogram_buckets": (
+        f"(SELECT {_MINUTE_END}, {_ENGINE_COLS}, le, cumulative_count FROM histogram_buckets_1m)"
+    ),
+    "engine_samples": f"(SELECT {_MINUTE_END}, {_ENGINE_COLS}, last AS value FROM engine_samples_1m)",
+    "engine_gauges": f"(SELECT {_MINUTE_END}, {_ENGINE_COLS}, avg AS value FROM engine_samples_1m)",
+    "gpu_samples": f"(SELECT {_MINUTE_END}, host, uuid, metric, avg AS value FROM gpu_samples_1m)",
+}
+
+
+def table_sql(name: str, rollup: bool) -> str:
+    """Rule 6: the raw table, or its per-minute rollup shaped like it (a minute's rows stamped at its end).
+
+    ``engine_gauges`` is ``engine_samples`` read for gauges (the minute's mean, not its last value).
+    """
+    if rollup:
+        return f"{_ROLLUPS[name]} AS {name.replace('engine_gauges', 'engine_samples')}"
+    return name.replace("engine_gauges", "engine_samples")
+
+
 def _key_filter(keys: Sequence[str] | None) -> tuple[str, list[Any]]:
     if keys is None:
         return "", []
@@ -126,6 +151,7 @@ def bucket_increases(
     concepts: Sequence[str] = HISTOGRAMS,
     bin_s: float | None = None,
     lookback_s: float = 120.0,
+    rollup: bool = False,
 ) -> pl.DataFrame:
     """Rules 1-2: ``[concept, bin, le, count]`` increases in (start, end], merged over series.
 
@@ -139,7 +165,7 @@ def bucket_increases(
             SELECT concept, ts_ns, le, {ENGINE_KEY_SQL} AS k, labels, cumulative_count AS c,
                    lag(cumulative_count) OVER (PARTITION BY source, engine, dp_rank, tp_rank, pp_rank,
                        ep_rank, labels, concept, le ORDER BY ts_ns) AS prev
-            FROM histogram_buckets
+            FROM {table_sql("histogram_buckets", rollup)}
             WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, concept){where}
         )
         SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin, le,
@@ -154,10 +180,13 @@ def quantiles_from_increases(inc: pl.DataFrame, qs: Sequence[float]) -> dict[tup
     out: dict[tuple[str, int], list[Quantile]] = {}
     if inc.is_empty():
         return out
-    for (concept, bin_), part in inc.sort("le").group_by(["concept", "bin"], maintain_order=True):
-        les = part["le"].to_list()
-        cum = part["count"].to_list()
-        out[(str(concept), int(bin_))] = [quantile_of(str(concept), les, cum, q) for q in qs]
+    inc = inc.sort(["concept", "bin", "le"])
+    concepts, bins = inc["concept"].to_list(), inc["bin"].to_list()
+    les, counts = inc["le"].to_list(), inc["count"].to_list()
+    edges = [0] + [i for i in range(1, len(bins)) if bins[i] != bins[i - 1] or concepts[i] != concepts[i - 1]]
+    for a, b in zip(edges, [*edges[1:], len(bins)], strict=True):  # list slices: no per-group frames
+        c = str(concepts[a])
+        out[(c, int(bins[a]))] = [quantile_of(c, les[a:b], counts[a:b], q) for q in qs]
     return out
 
 
@@ -187,10 +216,11 @@ def binned_quantiles(
     concepts: Sequence[str] = HISTOGRAMS,
     qs: Sequence[float] = (0.5, 0.99),
     lookback_s: float = 120.0,
+    rollup: bool = False,
 ) -> pl.DataFrame:
     """``[concept, bin, bin_start_ns, q, value_s, observations]``: one row per bin and quantile."""
     inc = bucket_increases(
-        con, start_ns, end_ns, keys=keys, concepts=concepts, bin_s=bin_s, lookback_s=lookback_s
+        con, start_ns, end_ns, keys=keys, concepts=concepts, bin_s=bin_s, lookback_s=lookback_s, rollup=rollup
     )
     rows = [
         {
@@ -224,6 +254,7 @@ def counter_increases(
     keys: Sequence[str] | None = None,
     bin_s: float | None = None,
     lookback_s: float = 120.0,
+    rollup: bool = False,
 ) -> pl.DataFrame:
     """Rule 1 on ``engine_samples`` counters: ``[concept, bin, increase]`` summed over series."""
     where, params = _key_filter(keys)
@@ -233,7 +264,7 @@ def counter_increases(
             SELECT concept, ts_ns, value AS c,
                    lag(value) OVER (PARTITION BY source, engine, dp_rank, tp_rank, pp_rank, ep_rank,
                        labels, concept ORDER BY ts_ns) AS prev
-            FROM engine_samples
+            FROM {table_sql("engine_samples", rollup)}
             WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, concept){where}
         )
         SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin,

@@ -117,7 +117,8 @@ def analyze(
             typer.echo(f"store {store}: no engine or GPU samples to analyze", err=True)
             raise typer.Exit(1)
         try:
-            deps = [find_deployment(con, deployment)] if deployment else list_deployments(con)
+            since = end_ns - int(window_s * NS)
+            deps = [find_deployment(con, deployment, since)] if deployment else list_deployments(con, since)
         except KeyError as exc:
             typer.echo(str(exc.args[0]), err=True)
             raise typer.Exit(2) from exc

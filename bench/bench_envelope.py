@@ -1,0 +1,227 @@
+"""Benchmark: analysis of one deployment over 24 h of 1 Hz data from 8 GPUs and 2 engines.
+
+Run: ``.venv/bin/python -m bench.bench_envelope [--store PATH] [--hours 24]``. The telemetry is
+generated once into a DuckDB file (vectorized, the network-critical profile of
+``tests/gen_telemetry.py`` with a daily load cycle); only the analysis is timed: the 15-minute
+envelope verdict, Cp over the whole history in 60 s bins, headroom, and the p99 regression
+(baseline: the same window a day earlier). The goal (the "peer") is the 1 s budget of the issue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from gen_telemetry import ITL_LE, NS, PROFILES, TTFT_LE, Z99
+
+from analyzer.deployments import list_deployments
+from analyzer.envelope import analyze_deployment
+from analyzer.regression import p99_regression
+from analyzer.thresholds import Thresholds
+from collector.records import frame
+from collector.store import Store
+from ioe.readonly import open_readonly
+
+BUDGET_S = 1.0
+T0 = 1_767_225_600 * NS
+
+
+def _cdf(le: float, med: np.ndarray, tail: np.ndarray) -> np.ndarray:
+    if math.isinf(le):
+        return np.ones_like(med)
+    sigma = np.maximum(np.log(tail) / Z99, 1e-6)
+    from scipy.special import erf
+
+    return 0.5 * (1 + erf(np.log(le / med) / (sigma * math.sqrt(2))))
+
+
+def generate(path: Path, hours: float) -> dict[str, int]:
+    """Write ``hours`` of 1 Hz telemetry (8 GPUs, 2 engines) into ``path``; rows per table."""
+    p, n = PROFILES["network"], int(hours * 3600)
+    ts = T0 + np.arange(1, n + 1, dtype=np.int64) * NS
+    x = 0.5 - 0.5 * np.cos(np.arange(n) / 86400 * 2 * math.pi)  # one load cycle per day
+    counts: dict[str, int] = {}
+    with Store(path) as st:
+        from gen_telemetry import Layout, _deployment
+
+        counts["deployments"] = st.write("deployments", _deployment(Layout(), p))
+        eng, hist = _engine(p, ts, x)
+        for table, parts in (
+            ("gpu_samples", list(_gpu(p, ts, x))),
+            ("engine_samples", eng),
+            ("histogram_buckets", hist),
+        ):
+            counts[table] = _write_in_time_order(st, table, parts)
+        st.maintain(now_ns=int(ts[-1]) + 60 * NS)  # the sidecar keeps the per-minute rollups
+        st.checkpoint()
+    return counts
+
+
+def _write_in_time_order(st: Store, table: str, parts: list[pl.DataFrame]) -> int:
+    """Write as a sidecar does: one scrape after another (rows clustered by time)."""
+    whole = pl.concat(parts).sort("ts_ns")
+    return sum(st.write(table, whole.slice(i, 1_000_000)) for i in range(0, whole.height, 1_000_000))
+
+
+def _gpu(p, ts, x):  # type: ignore[no-untyped-def]
+    series = {"sm_active_ratio": p.sm, "tensor_active_ratio": p.tensor, "dram_active_ratio": p.dram}
+    for g in range(8):
+        for metric, pair in series.items():
+            yield frame(
+                "gpu_samples",
+                {
+                    "ts_ns": ts,
+                    "host": ["node-a"] * len(ts),
+                    "gpu": [g] * len(ts),
+                    "uuid": [f"GPU-llama70b-{g:02d}"] * len(ts),
+                    "metric": [metric] * len(ts),
+                    "value": pair[0] + (pair[1] - pair[0]) * x,
+                    "source": ["dcgm"] * len(ts),
+                },
+            )
+        for metric, v in (
+            ("sm_clock_mhz", 1980.0),
+            ("power_w", 450.0),
+            ("nvlink_tx_bytes_per_s", 2e10),
+            ("fb_used_bytes", 7e10),
+        ):
+            yield frame(
+                "gpu_samples",
+                {
+                    "ts_ns": ts,
+                    "host": ["node-a"] * len(ts),
+                    "gpu": [g] * len(ts),
+                    "uuid": [f"GPU-llama70b-{g:02d}"] * len(ts),
+                    "metric": [metric] * len(ts),
+                    "value": np.full(len(ts), v),
+                    "source": ["dcgm"] * len(ts),
+                },
+            )
+
+
+def _engine(p, ts, x):  # type: ignore[no-untyped-def]
+    running = p.running_lo + (p.running_hi - p.running_lo) * x
+    tok = p.tok_per_req_s * p.running_lo * (running / p.running_lo) ** p.tok_elasticity
+    itl_med = p.itl_p50_s[0] + (p.itl_p50_s[1] - p.itl_p50_s[0]) * x
+    tail = p.itl_tail[0] + (p.itl_tail[1] - p.itl_tail[0]) * x
+    ttft = p.ttft_p50_s[0] + (p.ttft_p50_s[1] - p.ttft_p50_s[0]) * x
+    gauges = {
+        "requests_running": running,
+        "requests_waiting": running * p.waiting_ratio,
+        "kv_usage_ratio": 0.4 + 0 * x,
+    }
+    counters = {
+        "generation_tokens_total": tok,
+        "prompt_tokens_total": tok,
+        "preemptions_total": 0 * x,
+        "itl_seconds_sum": tok * itl_med,
+        "itl_seconds_count": tok,
+        "ttft_seconds_sum": tok / 200 * ttft,
+        "ttft_seconds_count": tok / 200,
+        "queue_seconds_sum": tok / 200 * ttft * 0.1,
+        "queue_seconds_count": tok / 200,
+    }
+    eng, hist = [], []
+    for e in range(2):
+        ident = {
+            "source": [f"llama70b-engine-{e}"] * len(ts),
+            "engine": [str(e)] * len(ts),
+            "dp_rank": [-1] * len(ts),
+        }
+        for concept, v in gauges.items():
+            eng.append(
+                frame("engine_samples", {**ident, "ts_ns": ts, "concept": [concept] * len(ts), "value": v})
+            )
+        for concept, r in counters.items():
+            eng.append(
+                frame(
+                    "engine_samples",
+                    {
+                        **ident,
+                        "ts_ns": ts,
+                        "concept": [concept] * len(ts),
+                        "value": np.cumsum(r),
+                        "rate_per_s": r,
+                    },
+                )
+            )
+        for concept, les, rate, med, tl in (
+            ("itl_seconds", ITL_LE, tok, itl_med, tail),
+            ("ttft_seconds", TTFT_LE, tok / 200, ttft, 2.0 + 0 * x),
+        ):
+            for le in les:
+                cum = np.round(np.cumsum(rate * _cdf(le, med, tl)), 3)
+                hist.append(
+                    frame(
+                        "histogram_buckets",
+                        {
+                            **ident,
+                            "ts_ns": ts,
+                            "concept": [concept] * len(ts),
+                            "le": [le] * len(ts),
+                            "cumulative_count": cum,
+                        },
+                    )
+                )
+    return eng, hist
+
+
+def analyze_once(con: Any, end_ns: int) -> tuple[float, dict[str, Any]]:
+    """One full analysis (deployments, envelope, Cp over 24 h, headroom, regression), timed."""
+    t0 = time.perf_counter()
+    dep = list_deployments(con, end_ns - 900 * NS)[0]
+    th = Thresholds()
+    report = analyze_deployment(con, dep, end_ns - 900 * NS, end_ns, th)
+    report["regression"] = p99_regression(con, dep, end_ns - 900 * NS, end_ns, th).as_dict()
+    return time.perf_counter() - t0, report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", default="/tmp/ioe_bench_envelope.duckdb")
+    ap.add_argument("--hours", type=float, default=24.0)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    path = Path(args.store)
+    if not path.exists():
+        t = time.perf_counter()
+        counts = generate(path, args.hours)
+        print(
+            f"generated {counts} in {time.perf_counter() - t:.1f} s -> {path} "
+            f"({path.stat().st_size / 1e6:.0f} MB)"
+        )
+    end_ns = T0 + int(args.hours * 3600) * NS
+    fresh = []  # a new read-only connection each time, as `ioe analyze` does
+    for _ in range(args.repeat):
+        con = open_readonly(path)
+        took, report = analyze_once(con, end_ns)
+        fresh.append(took)
+        con.close()
+    con = open_readonly(path)  # one long-lived connection, as `ioe serve` holds
+    analyze_once(con, end_ns)
+    warm = [analyze_once(con, end_ns)[0] for _ in range(args.repeat)]
+    con.close()
+    env, cp = report["envelope"], report["cp"]
+    print(
+        f"zone={env['primary']} secondary={env['secondary']} confidence={env['confidence']} "
+        f"cp={cp['cp']} ({cp['cp_low']}-{cp['cp_high']}) reached={cp['reached']} bins={cp['points']}"
+    )
+    for label, times in (("fresh connection", fresh), ("open connection", warm)):
+        median = float(np.median(times))
+        print(
+            f"analysis ({label}): best {min(times):.3f} s, median {median:.3f} s over {args.repeat} runs; "
+            f"budget {BUDGET_S:.1f} s -> median/budget {median / BUDGET_S:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
