@@ -47,7 +47,9 @@ Columns (see :data:`collector.records.REQUEST_SPANS`):
   13. ``dp_rank``: an integer attribute named ``dp_rank`` or ``*.dp_rank``, span first, then
       resource; else -1.
   14. ``attributes``: JSON of the span's unmapped attributes, the resource's (prefixed
-      ``resource.``, without ``service.name`` and ``telemetry.*``) and ``stages``.
+      ``resource.``, without ``service.name`` and ``telemetry.*``) and ``stages``; compact,
+      keys sorted, UTF-8; a NaN or infinite unmapped value is written as ``null`` (JSON has
+      no such numbers).
   15. a (trace_id, span_id) repeated within one request is stored once (first wins); the
       store ignores ones it already has, so exporter retries never double-count.
 """
@@ -62,6 +64,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import polars as pl
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -416,53 +419,67 @@ def _scopes(req: ExportTraceServiceRequest) -> Iterator[tuple[str, _Origin, Any]
             yield f"resource_spans[{ri}].scope_spans[{si}]", _Origin.of(resource, ss.scope.name), ss.spans
 
 
-_COLUMNS = tuple(REQUEST_SPANS.column_names)
+_SCHEMA = REQUEST_SPANS.polars_schema()
 
 
 def _frame(rows: Iterable[dict[str, Any]]) -> pl.DataFrame:
     """Rows → a typed frame, column by column (rows lack the columns they have no value for)."""
     done = [_finish(r) for r in rows]
-    return frame(REQUEST_SPANS.name, {c: [r.get(c) for r in done] for c in _COLUMNS})
+    return pl.DataFrame(
+        [pl.Series(c, [r.get(c) for r in done], dtype=t, strict=False) for c, t in _SCHEMA.items()]
+    )
 
 
 def _row(span: Span, attrs: dict[str, Any], origin: _Origin) -> dict[str, Any]:
     """The row of one request span (rules 8–14); unmapped attributes kept under ``_extra``."""
-    match = _SGLANG_ROOT.match(span.name)
-    events = {e.name: e.time_unix_nano for e in span.events} if span.events else {}
+    name = span.name
+    start, end = span.start_time_unix_nano, span.end_time_unix_nano
     row: dict[str, Any] = {
         "trace_id": span.trace_id.hex(),
         "span_id": span.span_id.hex(),
-        "start_ns": span.start_time_unix_nano,
-        "end_ns": span.end_time_unix_nano,
-        "name": span.name,
+        "start_ns": start,
+        "end_ns": end,
+        "name": name,
         "service": origin.service,
-        "engine": origin.engine or engine_by_shape(span.name, attrs, set(events)),
+        "engine": origin.engine,
         "dp_rank": origin.dp_rank,
-        "role": match.group("role") if match else "",
-        "request_id": match.group("rid") if match else "",
-        "_extra": dict(origin.extra),
-        "_stages": {},
+        "role": "",
+        "request_id": "",
+        "_extra": origin.extra.copy(),
+        "_stages": None,
     }
+    match = _SGLANG_ROOT.match(name) if " Req " in name else None
+    if match:
+        row["role"], row["request_id"] = match.group("role", "rid")
     _map_attributes(row, attrs)
-    if row.get("e2e_s") is None:
-        row["e2e_s"] = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
-    if row.get("kv_transfer_s") is None and all(e in events for e in _KV_EVENTS):
+    if "e2e_s" not in row:
+        row["e2e_s"] = (end - start) / 1e9
+    if span.events or not origin.engine:
+        _use_events(row, span, attrs)
+    return row
+
+
+def _use_events(row: dict[str, Any], span: Span, attrs: dict[str, Any]) -> None:
+    """Rules 9 and 12 where span events matter: KV-transfer time and the engine by shape."""
+    events = {e.name: e.time_unix_nano for e in span.events}
+    if not row["engine"]:
+        row["engine"] = engine_by_shape(span.name, attrs, set(events))
+    if "kv_transfer_s" not in row and _KV_EVENTS[0] in events and _KV_EVENTS[1] in events:
         start, end = events[_KV_EVENTS[0]], events[_KV_EVENTS[1]]
         row["kv_transfer_s"] = (end - start) / 1e9 if end >= start else None
-    return row
 
 
 def _map_attributes(row: dict[str, Any], attrs: dict[str, Any]) -> None:
     """One pass over the span's attributes: mapped ones to columns, the rest to ``_extra``."""
     extra: dict[str, Any] = row["_extra"]
     ranks: dict[str, int] = {}
-    span_dp = -1
+    span_dp = False
     for key, value in attrs.items():
         target = _MAPPED.get(key)
         if target is None:
             extra[key] = value
-            if span_dp == -1 and _is_dp_rank(key, value):
-                span_dp = row["dp_rank"] = int(value)
+            if not span_dp and (key == "dp_rank" or key.endswith(".dp_rank")) and _is_int(value):
+                span_dp, row["dp_rank"] = True, int(value)
             continue
         kind, column, rank = target
         if kind == "s":  # fast path for the usual well-formed value, full check otherwise
@@ -496,6 +513,8 @@ def _add_stage(row: dict[str, Any], seen: _Seen) -> None:
         return
     span = seen.span
     seconds = (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9
+    if row["_stages"] is None:
+        row["_stages"] = {}
     stages: dict[str, float] = row["_stages"]
     stages[span.name] = stages.get(span.name, 0.0) + seconds
 
@@ -503,12 +522,17 @@ def _add_stage(row: dict[str, Any], seen: _Seen) -> None:
 def _finish(row: dict[str, Any]) -> dict[str, Any]:
     """Fill phases from stages (rule 4) and serialize ``attributes`` (rule 14)."""
     extra: dict[str, Any] = row.pop("_extra")
-    stages: dict[str, float] = row.pop("_stages")
-    for word, column in _STAGE_PHASES:
-        hits = [s for name, s in stages.items() if word in name.lower()]
-        if hits and row.get(column) is None:
-            row[column] = sum(hits)
+    stages: dict[str, float] | None = row.pop("_stages")
     if stages:
+        for word, column in _STAGE_PHASES:
+            hits = [s for name, s in stages.items() if word in name.lower()]
+            if hits and row.get(column) is None:
+                row[column] = sum(hits)
         extra["stages"] = stages
-    row["attributes"] = json.dumps(extra, sort_keys=True, separators=(",", ":"), default=str)
+    row["attributes"] = _json(extra)
     return row
+
+
+def _json(obj: dict[str, Any]) -> str:
+    """Compact JSON with sorted keys; NaN/±inf become null, other odd values their ``str``."""
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS, default=str).decode()
