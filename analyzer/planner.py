@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from analyzer import capacity as cap
-from analyzer import perf
+from analyzer import modelcfg, perf
 from analyzer.capacity import Layout
 from analyzer.catalog import FABRICS, Fabric, Gpu
 from analyzer.modelcfg import ModelConfig
@@ -245,13 +245,35 @@ def rank(cands: list[Candidate], per_node: int) -> list[Candidate]:
     return cands
 
 
+SPAN_DEPLOYMENT_ATTR = '$."resource.k8s.deployment.name"'
+
+
+def span_filter(con: object, deployment: str, model: str) -> tuple[str, list[object]]:
+    """SQL condition selecting ``request_spans`` rows of ``deployment``.
+
+    1. Spans whose resource names the deployment (``k8s.deployment.name``) belong to it.
+    2. Spans that name no deployment belong to it when their model is the deployment's model
+       under :func:`analyzer.modelcfg.canonical_name` (``meta-llama/Llama-3.1-70B-Instruct`` is
+       ``llama-3.1-70b``).
+    """
+    q = getattr(con, "execute")  # noqa: B009 - duckdb connection or cursor
+    names = [r[0] for r in q("SELECT DISTINCT model FROM request_spans WHERE model IS NOT NULL").fetchall()]
+    want = modelcfg.canonical_name(model) if model else ""
+    models = [m for m in names if want and modelcfg.canonical_name(m) == want]
+    cond = (
+        f"(json_extract_string(attributes, '{SPAN_DEPLOYMENT_ATTR}') = ? OR "
+        f"(json_extract_string(attributes, '{SPAN_DEPLOYMENT_ATTR}') IS NULL AND list_contains(?, model)))"
+    )
+    return cond, [deployment, models]
+
+
 def workload_from_store(con: object, deployment: str, ttft_slo_s: float, tpot_slo_s: float) -> Workload:
     """The measured workload of ``deployment`` from the store (a DuckDB connection or cursor).
 
-    1. ISL/OSL = the p50 of ``request_spans.input_tokens`` / ``output_tokens`` for the deployment's
-       model (spans carry the model, not the deployment name).
+    1. ISL/OSL = the p50 of ``request_spans.input_tokens`` / ``output_tokens`` of the
+       deployment's spans (:func:`span_filter`).
     2. Arrival rate = spans / (last start − first start).
-    3. Concurrency = mean of ``engine_samples`` whose concept contains ``running``.
+    3. Concurrency = mean of the deployment's engines' ``requests_running`` (same model).
     Raises ``ValueError`` naming the deployment when it or its spans are missing.
     """
     q = getattr(con, "execute")  # noqa: B009 - duckdb connection or cursor
@@ -259,15 +281,19 @@ def workload_from_store(con: object, deployment: str, ttft_slo_s: float, tpot_sl
     if row is None:
         raise ValueError(f"deployment {deployment!r} is not in the store's deployments table")
     model = row[0]
+    cond, params = span_filter(con, deployment, model)
     spans = q(
         "SELECT quantile_cont(input_tokens, 0.5), quantile_cont(output_tokens, 0.5), count(*), "
-        "(max(start_ns) - min(start_ns)) / 1e9 FROM request_spans WHERE model = ? AND input_tokens > 0",
-        [model],
+        f"(max(start_ns) - min(start_ns)) / 1e9 FROM request_spans WHERE {cond} AND input_tokens > 0",
+        params,
     ).fetchone()
     if spans is None or not spans[2]:
-        raise ValueError(f"deployment {deployment!r}: no request_spans with input_tokens for model {model!r}")
+        raise ValueError(f"deployment {deployment!r}: no request_spans with input_tokens (model {model!r})")
     running = q(
-        "SELECT avg(value) FROM engine_samples WHERE model = ? AND concept LIKE '%running%'", [model]
+        "SELECT avg(value) FROM engine_samples WHERE concept = 'requests_running' AND source IN "
+        "(SELECT unnest(from_json(json_extract(spec, '$.targets'), '[\"VARCHAR\"]')) FROM deployments "
+        "WHERE name = ?)",
+        [deployment],
     ).fetchone()
     rate = spans[2] / spans[3] if spans[3] else 0.0
     return Workload(

@@ -71,6 +71,7 @@ class Straggler:
     host: str = ""
     gpu: int = -1
     mapping: str = ""  # 'given' | 'assumed: local rank order on host'
+    comm_id: str = ""
 
 
 def blame_by_window(waits: pl.DataFrame, window_us: float) -> pl.DataFrame:
@@ -148,12 +149,20 @@ TELEMETRY = (
 
 
 def rank_gpus(
-    con: duckdb.DuckDBPyConnection, origin: str | None, mapping: dict[int, tuple[str, int]] | None = None
+    con: duckdb.DuckDBPyConnection,
+    origin: str | None,
+    mapping: dict[int, tuple[str, int]] | None = None,
+    comm_id: str | None = None,
 ) -> tuple[dict[int, tuple[str, int]], str]:
-    """rank → (host, gpu). Given ``mapping`` wins; else ranks on a host take GPUs in rank order."""
+    """rank → (host, gpu) within one communicator (ranks are numbered per communicator).
+
+    Given ``mapping`` wins; else the ranks of the communicator on a host take its GPUs in rank order.
+    """
     if mapping:
         return dict(mapping), "given"
-    where, params = ("WHERE origin = ?", [origin]) if origin else ("", [])
+    conds = [c for c, v in (("origin = ?", origin), ("comm_id = ?", comm_id)) if v]
+    params = [v for v in (origin, comm_id) if v]
+    where = f"WHERE {' AND '.join(conds)}" if conds else ""
     rows = con.execute(
         f"SELECT rank, mode(coalesce(host, '')) FROM collective_records {where} GROUP BY rank ORDER BY rank",
         params,
@@ -253,7 +262,7 @@ def root_cause(
 ) -> Straggler:
     """Fill ``cause``, ``evidence``, ``host``/``gpu`` of ``s`` (rules 6–10), in place."""
     th = th or Thresholds()
-    gpus, how = rank_gpus(con, origin, mapping)
+    gpus, how = rank_gpus(con, origin, mapping, s.comm_id or None)
     if s.rank not in gpus:
         s.cause, s.mapping = "unexplained: rank not mapped to a GPU", how
         return s
@@ -280,8 +289,13 @@ def analyze(
     origin: str | None = None,
     mapping: dict[int, tuple[str, int]] | None = None,
     th: Thresholds | None = None,
+    comm_ids: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Stragglers of one origin (or every origin, each on its own) with root causes, as a dict."""
+    """Stragglers of one origin (or every origin) with root causes, as a dict.
+
+    Each communicator is judged on its own (its ranks are numbered within it and its peers are
+    the GPUs it spans); ``comm_ids`` restricts the analysis to some (one deployment's).
+    """
     th = th or Thresholds()
     origins = (
         [origin]
@@ -290,6 +304,13 @@ def analyze(
     )
     result: dict[str, Any] = {"thresholds": asdict(th), "origins": {}}
     for o in sorted(origins):
-        found = find_stragglers(load_collectives(con, o), th)
-        result["origins"][o] = [asdict(root_cause(con, s, o, mapping, th)) for s in found]
+        records = load_collectives(con, o)
+        found: list[dict[str, Any]] = []
+        for (comm,), part in records.group_by(["comm_id"], maintain_order=True):
+            if comm_ids is not None and comm not in comm_ids:
+                continue
+            for s in find_stragglers(part, th):
+                s.comm_id = str(comm)
+                found.append(asdict(root_cause(con, s, o, mapping, th)))
+        result["origins"][o] = sorted(found, key=lambda f: -f["blame_us"])
     return result

@@ -29,9 +29,11 @@ class SelfMetrics:
             "ioe_rows_dropped", "Rows refused or lost, by reason.", ["reason"], registry=r
         )
         self.queue_batches = Gauge("ioe_queue_batches", "Batches waiting in the write queue.", registry=r)
+        self.stored_by_table: dict[str, int] = {}
 
     def stored(self, table: str, rows: int) -> None:
         self.rows_stored.labels(table).inc(rows)
+        self.stored_by_table[table] = self.stored_by_table.get(table, 0) + rows
 
     def dropped(self, reason: str, rows: int) -> None:
         if rows:

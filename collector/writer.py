@@ -24,6 +24,7 @@ from collector.sink import Overloaded, Sink
 log = logging.getLogger(__name__)
 
 _STOP = ("", None)
+_FLUSH = ("__flush__", None)
 
 
 class QueueSink:
@@ -70,13 +71,26 @@ class WriterThread(threading.Thread):
         self._on_stored = on_stored or (lambda t, n: None)
         self._on_error = on_error or (lambda t, n, e: None)
         self._stopping = threading.Event()
+        self._flushed = threading.Event()
+
+    def flush_now(self, timeout: float = 10.0) -> bool:
+        """Ask for an immediate flush of everything queued so far; True once it is in the store."""
+        self._flushed.clear()
+        try:
+            self.source.queue.put(_FLUSH, timeout=timeout)
+        except queue.Full:
+            return False
+        return self._flushed.wait(timeout)
 
     def run(self) -> None:
         while not self._stopping.is_set():
             deadline = time.monotonic() + self.flush_interval_s
-            pending = self._collect(deadline)
+            pending, flush_asked = self._collect(deadline)
             self._flush(pending)
-        self._flush(self._collect(time.monotonic()))
+            if flush_asked:
+                self._flushed.set()
+        self._flush(self._collect(time.monotonic())[0])
+        self._flushed.set()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping.set()
@@ -84,7 +98,8 @@ class WriterThread(threading.Thread):
             self.source.queue.put_nowait(_STOP)
         self.join(timeout)
 
-    def _collect(self, deadline: float) -> dict[str, list[pl.DataFrame]]:
+    def _collect(self, deadline: float) -> tuple[dict[str, list[pl.DataFrame]], bool]:
+        """Batches queued until ``deadline`` (or a flush request), by table."""
         pending: dict[str, list[pl.DataFrame]] = defaultdict(list)
         while True:
             remaining = deadline - time.monotonic()
@@ -94,8 +109,10 @@ class WriterThread(threading.Thread):
                 else:
                     item = self.source.queue.get_nowait()
             except queue.Empty:
-                return pending
+                return pending, False
             table, frame = item
+            if item == _FLUSH:
+                return pending, True
             if frame is not None:  # None is the stop sentinel: it only wakes the thread
                 pending[table].append(frame)
 

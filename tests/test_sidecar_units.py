@@ -102,3 +102,14 @@ def test_fetch_deadline_body_cap_and_status() -> None:
         assert all(h.get("Accept") == "text/plain; version=0.0.4" for _, h in srv.requests)
     finally:
         srv.close()
+
+
+def test_flush_now_puts_queued_rows_in_the_store() -> None:
+    store = Store()
+    q = QueueSink(100)
+    w = WriterThread(q, store, flush_interval_s=30.0)  # would not flush on its own for 30 s
+    w.start()
+    q.write("gpu_samples", _rows(4))
+    assert w.flush_now(timeout=5)
+    assert store.count("gpu_samples") == 4
+    w.stop()

@@ -67,7 +67,7 @@ async def fetch(
 
 async def _fetch(
     client: httpx.AsyncClient, name: str, url: str, timeout_s: float, max_body_bytes: int
-) -> str:
+) -> bytes:
     async with client.stream("GET", url, headers={"Accept": ACCEPT}, timeout=timeout_s) as resp:
         if resp.status_code != 200:
             raise ScrapeError(f"target {name}: HTTP {resp.status_code} from {url}")

@@ -1,0 +1,107 @@
+"""Whole-deployment reports over a store connection: the objects the CLI, the API and the demo share.
+
+* :func:`build_report` — per deployment: zone verdict with evidence, Cp, headroom, p99 regression.
+  Collective evidence comes from :mod:`analyzer.collectives` over the deployment's own
+  communicators; the expected latency from :mod:`analyzer.perf` for its model, GPU and layout.
+* :func:`plan_for_deployment` — the planner over the deployment's measured workload, with its
+  current layout as the baseline and what the best change buys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import duckdb
+
+from analyzer import catalog, modelcfg, perf, planner
+from analyzer.capacity import Layout
+from analyzer.deployments import Deployment
+from analyzer.envelope import analyze_deployment
+from analyzer.regression import p99_regression
+from analyzer.thresholds import Thresholds
+
+NS = 1_000_000_000
+
+
+def latest_ns(con: duckdb.DuckDBPyConnection) -> int | None:
+    """The newest engine or GPU sample time in the store, or None when it holds neither."""
+    row = con.execute(
+        "SELECT greatest(coalesce((SELECT max(ts_ns) FROM engine_samples), 0),"
+        " coalesce((SELECT max(ts_ns) FROM gpu_samples), 0))"
+    ).fetchone()
+    return int(row[0]) if row and row[0] else None
+
+
+def expected_latency_for(dep: Deployment) -> Any:
+    """An ``ExpectedLatency`` callable for the envelope, or None when model or GPU is unknown."""
+    try:
+        model = modelcfg.load(dep.model)
+        gpu = catalog.gpu(dep.gpu_type or "h100_sxm")
+    except (KeyError, ValueError, OSError):
+        return None
+    layout = Layout(tp=dep.tp, pp=dep.pp, dp=1, ep=dep.ep)
+
+    def expected(_dep: Deployment, load: Mapping[str, float]) -> Mapping[str, float] | None:
+        running = max(1, round(load.get("running") or 1))
+        isl = max(1, round(load.get("prompt_tokens_per_request") or 1024))
+        est = perf.expected_latency(model, gpu, layout, running, isl, 256)
+        return {"itl_s": est.tpot_s, "ttft_s": est.ttft_s}
+
+    return expected
+
+
+def build_report(
+    con: duckdb.DuckDBPyConnection,
+    deps: list[Deployment],
+    end_ns: int,
+    window_s: float,
+    th: Thresholds | None = None,
+) -> dict[str, Any]:
+    """The JSON document of ``ioe analyze --json`` (the API serves the same objects)."""
+    th = th or Thresholds()
+    start_ns = end_ns - int(window_s * NS)
+    out = []
+    for dep in deps:
+        report = analyze_deployment(
+            con, dep, start_ns, end_ns, th, expected_latency=expected_latency_for(dep)
+        )
+        report["regression"] = p99_regression(con, dep, start_ns, end_ns, th).as_dict()
+        out.append(report)
+    return {"window": {"start_ns": start_ns, "end_ns": end_ns, "seconds": window_s}, "deployments": out}
+
+
+def plan_for_deployment(
+    con: duckdb.DuckDBPyConnection,
+    deployment: str,
+    *,
+    ttft_slo_s: float = 2.0,
+    tpot_slo_s: float = 0.05,
+    backend: str = "vllm",
+    precision: str = "bf16",
+    top: int = 5,
+) -> dict[str, Any]:
+    """Ranked layouts for ``deployment``'s measured workload, its current layout as the baseline."""
+    work = planner.workload_from_store(con, deployment, ttft_slo_s, tpot_slo_s)
+    layout, info = planner.current_layout(con, deployment)
+    nodes = _node_count(con, deployment)
+    prob = planner.Problem(
+        modelcfg.load(info["model"]), catalog.gpu(info["gpu"] or "h100_sxm"), layout.gpus, nodes,
+        catalog.fabric(info["fabric"] or "ib_ndr"), backend, precision,
+    )  # fmt: skip
+    ranked = planner.search(prob, work)
+    base = planner.evaluate(prob, layout, work)
+    return {
+        "deployment": deployment,
+        "workload": work.__dict__,
+        "baseline": base.as_dict(),
+        "candidates": [c.as_dict() for c in ranked[:top]],
+        "verdict": planner.compare(base, ranked[0]) if ranked else "no layout fits",
+    }
+
+
+def _node_count(con: duckdb.DuckDBPyConnection, deployment: str) -> int:
+    row = con.execute(
+        "SELECT json_array_length(nodes) FROM deployments WHERE name = ?", [deployment]
+    ).fetchone()
+    return max(int(row[0] or 1), 1) if row else 1

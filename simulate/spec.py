@@ -1,0 +1,117 @@
+"""What to simulate: deployments (model, GPU, layout, nodes, fabric), their workload and faults.
+
+The embedded demo set (:func:`demo_deployments`) is built so that each deployment sits in a
+different zone of the envelope, by construction of its workload and layout:
+
+1. ``chat-8b``: Llama-3.1-8B, one H100 per replica, DP 2, Azure conversation trace (short
+   prompts, ~130-token answers) → decode-dominated, HBM-bandwidth bound; its load triples
+   half-way through the run (a p99 regression).
+2. ``code-70b``: Llama-3.1-70B TP 4 on H100 NVLink, Azure code trace (long prompts, few output
+   tokens) at a high rate → prefill-heavy, compute bound; GPU 2 is throttled (thermal): a
+   straggler with matching clocks, throttle reasons and temperature.
+3. ``longctx-70b``: Llama-3.1-70B TP 4, Mooncake conversation trace (8–16K-token prompts,
+   ~500-token answers) at a rate its KV cache cannot hold → KV-capacity bound (preemptions,
+   queueing, TTFT ≈ queue time).
+4. ``tp16-ib``: Llama-3.1-70B TP 16 across two 8-GPU nodes over InfiniBand NDR → every layer's
+   all-reduce crosses the slow fabric: network-critical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class Faults:
+    straggler_gpu: int = -1  # TP rank whose GPU is throttled
+    straggler_clock_ratio: float = 0.7  # its SM clock / nominal
+    degraded_link_ratio: float = 1.0  # fabric bandwidth multiplier (< 1 = degraded link)
+    surge_at_s: float = -1.0  # load surge start (simulated seconds), -1 = none
+    surge_multiplier: float = 1.0
+    exporter_hangs: bool = False
+    exporter_garbage: bool = False
+
+
+@dataclass(frozen=True)
+class SimDeployment:
+    name: str
+    model: str
+    gpu: str = "h100_sxm"
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    gpus_per_node: int = 8
+    fabric: str = "ib_ndr"
+    precision: str = "bf16"
+    workload: str = "azure_conv"
+    speed: float = 1.0
+    max_isl: int = 0
+    max_num_seqs: int = 256
+    faults: Faults = field(default_factory=Faults)
+    seed: int = 0
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.gpus // self.gpus_per_node)
+
+    def host(self, gpu_index: int) -> str:
+        return f"{self.name}-node{gpu_index // self.gpus_per_node}"
+
+
+def demo_deployments(duration_s: float) -> list[SimDeployment]:
+    """The embedded default set (module rules 1–4)."""
+    return [
+        SimDeployment(
+            "chat-8b",
+            "llama-3.1-8b",
+            tp=1,
+            dp=2,
+            workload="azure_conv",
+            speed=2.0,
+            faults=Faults(surge_at_s=duration_s / 2, surge_multiplier=3.0),
+            seed=1,
+        ),
+        SimDeployment(
+            "code-70b",
+            "llama-3.1-70b",
+            tp=4,
+            workload="azure_code",
+            speed=1.0,
+            max_isl=6000,
+            faults=Faults(straggler_gpu=2, straggler_clock_ratio=0.7),
+            seed=2,
+        ),
+        SimDeployment(
+            "longctx-70b", "llama-3.1-70b", tp=4, workload="mooncake", speed=0.5, max_num_seqs=256, seed=3
+        ),
+        SimDeployment(
+            "tp16-ib", "llama-3.1-70b", tp=16, workload="azure_conv", speed=2.0, fabric="ib_ndr", seed=4
+        ),
+    ]
+
+
+def load_deployments(path: str) -> list[SimDeployment]:
+    """Deployments from a YAML file: a list of mappings with :class:`SimDeployment`'s fields."""
+    with open(path) as fh:
+        data = yaml.safe_load(fh)
+    if not isinstance(data, list):
+        raise ValueError(f"simulate config {path}: expected a list of deployments, got {type(data).__name__}")
+    return [_deployment(item, f"{path}[{i}]") for i, item in enumerate(data)]
+
+
+def _deployment(item: Any, where: str) -> SimDeployment:
+    if not isinstance(item, dict):
+        raise ValueError(f"{where}: expected a mapping")
+    item = dict(item)
+    faults = Faults(**item.pop("faults", {}) or {})
+    try:
+        return SimDeployment(**item, faults=faults)
+    except TypeError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
