@@ -1,20 +1,39 @@
-"""The FastAPI application: health, OTLP/HTTP ingest, REST and ``/metrics``.
+"""The FastAPI application: health, OTLP/HTTP ingest, REST, ``/metrics`` and the page.
 
 ``create_app`` takes the store to read and the sink to write through (the sidecar passes its
 bounded queue; ``ioe serve`` passes the store itself), so the API never opens files itself.
 Routers live in their own modules and are included here.
+
+Rules:
+  1. ``/healthz`` answers while the process runs; ``/readyz`` once the store answers.
+  2. ``/metrics`` renders every registry in ``app.state.registries`` (the sidecar's self-metrics)
+     followed by the verdicts registry (:mod:`api.verdicts`), which this function appends.
+  3. Request bodies above ``max_body_bytes`` get 413 (:mod:`api.limits`); the OTLP receiver
+     caps its decompressed body itself (``settings.otlp.max_body_bytes``).
+  4. Ingest needs the bearer token when one is configured; reads need it only when
+     ``settings.require_token_for_reads`` is set (:mod:`api.routes`, :mod:`api.page`).
 """
 
 from __future__ import annotations
 
+import importlib
+import time
 from typing import Any
 
 from fastapi import FastAPI, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from api.cache import TTLCache
+from api.limits import BodyLimit
+from api.verdicts import VerdictCollector
 from collector.sink import Sink
 from collector.store import Store
 from ioe.settings import Settings
+
+MAX_BODY_BYTES = 1 << 20  # REST bodies are small JSON documents (queries)
+CACHE_TTL_S = 10.0
+VERDICT_WINDOW_S = 900.0
+_ROUTERS = ("api.otlp", "api.routes", "api.page")
 
 
 def create_app(settings: Settings, store: Store, sink: Sink | None = None, **state: Any) -> FastAPI:
@@ -22,8 +41,13 @@ def create_app(settings: Settings, store: Store, sink: Sink | None = None, **sta
     app.state.settings = settings
     app.state.store = store
     app.state.sink = sink if sink is not None else store
+    app.state.registries = []
+    app.state.cache = TTLCache(ttl_s=CACHE_TTL_S)
     for key, value in state.items():
         setattr(app.state, key, value)
+    app.state.registries = [*app.state.registries, verdict_registry(app)]
+    app.add_middleware(BodyLimit, max_bytes=getattr(app.state, "max_body_bytes", MAX_BODY_BYTES),  # type: ignore[arg-type]
+                       own_limits=("/v1/traces",))  # fmt: skip
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
@@ -35,19 +59,39 @@ def create_app(settings: Settings, store: Store, sink: Sink | None = None, **sta
 
     @app.get("/metrics", tags=["metrics"], include_in_schema=False)
     def metrics() -> Response:
-        registries = getattr(app.state, "registries", [])
-        body = b"".join(generate_latest(r) for r in registries)
+        body = b"".join(generate_latest(r) for r in app.state.registries)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     _include_routers(app)
     return app
 
 
+def verdict_registry(app: FastAPI) -> CollectorRegistry:
+    """Rule 2: a registry holding the :class:`VerdictCollector` over this app's store and cache.
+
+    The window is the last :data:`VERDICT_WINDOW_S` before the newest sample, the overview's
+    default, so a scrape and the page share cached analyses.
+    """
+    from api import routes, service
+
+    def analysis() -> list[tuple[Any, dict[str, Any], dict[str, Any], float]]:
+        end = routes.cached_on(app, ("latest",), service.latest_ns) or time.time_ns()
+        span = routes.Span(end - int(VERDICT_WINDOW_S * 1e9), end)
+        out = []
+        for dep in routes.cached_on(app, ("deployments",), service.deployments):
+            env = routes.envelope_of(app, dep, span)
+            strag = routes.stragglers_of(app, dep, span, routes.STRAGGLER_SLICE_S)
+            out.append((dep, env, strag, env.get("computed_at_s", time.time())))
+        return out
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(VerdictCollector(analysis))
+    return registry
+
+
 def _include_routers(app: FastAPI) -> None:
     """Routers added by other modules; each is optional until its module lands."""
-    import importlib
-
-    for name in ("api.otlp",):
+    for name in _ROUTERS:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:

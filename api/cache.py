@@ -1,0 +1,68 @@
+"""A small TTL cache with one computation per key at a time (single flight).
+
+Rules:
+  1. A value is served for ``ttl_s`` seconds after it was computed (clock injected).
+  2. While a key is being computed, other callers of the same key wait for that result instead
+     of computing it again: 50 clients asking for one envelope cost one analysis.
+  3. An exception is not cached: every waiter gets it, the next caller computes afresh.
+  4. At most ``max_entries`` keys are kept; the oldest is evicted first.
+
+One instance belongs to one app (``app.state.cache``): no module-level state.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+
+class TTLCache:
+    def __init__(
+        self, ttl_s: float = 10.0, max_entries: int = 512, clock: Callable[[], float] = time.monotonic
+    ):
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self.clock = clock
+        self._values: OrderedDict[Hashable, tuple[float, Any]] = OrderedDict()
+        self._locks: dict[Hashable, threading.Lock] = {}
+        self._guard = threading.Lock()
+        self.computed = 0
+        self.hits = 0
+
+    def get(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """The cached value of ``key`` (rules 1-4), computing it with ``compute`` when stale."""
+        got = self._fresh(key)
+        if got is not None:
+            return got[1]
+        with self._key_lock(key):
+            got = self._fresh(key)  # rule 2: another caller finished while we waited
+            if got is not None:
+                return got[1]
+            value = compute()
+            with self._guard:
+                self.computed += 1
+                self._values[key] = (self.clock(), value)
+                self._values.move_to_end(key)
+                while len(self._values) > self.max_entries:
+                    old, _ = self._values.popitem(last=False)
+                    self._locks.pop(old, None)
+            return value
+
+    def _fresh(self, key: Hashable) -> tuple[float, Any] | None:
+        with self._guard:
+            got = self._values.get(key)
+            if got is not None and self.clock() - got[0] < self.ttl_s:
+                self.hits += 1
+                return got
+            return None
+
+    def _key_lock(self, key: Hashable) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def clear(self) -> None:
+        with self._guard:
+            self._values.clear()

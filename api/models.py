@@ -1,0 +1,283 @@
+"""Response models of the REST API (``/api/v1``): what each route promises, in units.
+
+Field names carry their units as the store's columns do (``_ns``, ``_s``, ``_ratio``,
+``_bytes_per_s``). Nested analyzer details that have their own documented shape in the analyzer
+(thresholds, per-signal notes) are passed through as mappings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Window(_M):
+    start_ns: int
+    end_ns: int
+    seconds: float
+
+
+class Layout(_M):
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+
+
+class DeploymentInfo(_M):
+    name: str
+    model: str
+    gpu_type: str
+    layout: Layout
+    roles: dict[str, int]
+    nodes: list[str]
+    fabric: str
+    origin: str = Field(description="'config' (declared) or 'inferred' (from labels)")
+    engine_series: int
+    gpus: int
+    communicators: int
+    inferred_from: list[str]
+
+
+class Glance(_M):
+    """The overview row: the zone and the numbers an SRE looks at first."""
+
+    zone: str | None = None
+    secondary: str | None = None
+    confidence: float | None = None
+    ttft_p99_s: float | None = Field(None, description="bucket estimate")
+    itl_p99_s: float | None = Field(None, description="bucket estimate")
+    kv_sequences_left: float | None = None
+    cp: float | None = None
+    stragglers: int | None = None
+    error: str | None = None
+
+
+class DeploymentRow(_M):
+    deployment: DeploymentInfo
+    glance: Glance | None = None
+
+
+class DeploymentList(_M):
+    window: Window | None
+    deployments: list[DeploymentRow]
+
+
+class Target(_M):
+    target: str
+    kind: str | None = None
+    url: str | None = None
+    host: str | None = None
+    up: bool | None = None
+    last_scrape_ns: int | None = None
+    last_duration_s: float | None = None
+    last_error: str | None = None
+    samples_last: int | None = None
+    dropped_last: int | None = None
+    consecutive_failures: int | None = None
+    updated_ns: int | None = None
+
+
+class TargetList(_M):
+    targets: list[Target]
+
+
+class DeploymentDetail(_M):
+    deployment: DeploymentInfo
+    engine_keys: list[str]
+    gpu_uuids: list[str]
+    comm_ids: list[str]
+    slo: dict[str, float | None]
+    sources: list[Target] = Field(description="health of its engine targets and node sources")
+
+
+class Evidence(_M):
+    signal: str
+    zone: str
+    value: float | None
+    unit: str
+    compared_with: str
+    threshold: float | None
+    verdict: str = Field(description="pass | near | fail | n/a | info")
+    source: str
+    note: str
+
+
+class Verdict(_M):
+    deployment: str
+    primary: str = Field(description="compute | hbm_bandwidth | kv_capacity | network | headroom")
+    secondary: str | None
+    confidence: float
+    scores: dict[str, float | None]
+    evidence: list[Evidence]
+    missing: list[str]
+    notes: list[str]
+    window: Window
+
+
+class CpFit(_M):
+    cp: float | None = Field(description="crossover concurrency; None when not reached")
+    cp_low: float | None
+    cp_high: float | None
+    p_reached: float
+    reached: bool
+    cp_lower_bound: float | None
+    slope_before: float | None
+    slope_after: float | None
+    latency_knee: float | None
+    max_concurrency: float
+    points: int
+    method: str
+
+
+class Headroom(_M):
+    kv_sequences_left: float | None
+    hbm_bandwidth_left_ratio: float | None
+    fabric_left_ratio: float | None
+    ttft_slo_margin_s: float | None
+    itl_slo_margin_s: float | None
+
+
+class Regression(_M):
+    deployment: str
+    baseline: str
+    baseline_window_ns: list[int]
+    metrics: list[dict[str, Any]]
+    axes: list[dict[str, Any]]
+    missing: list[str]
+
+
+class LoadPoint(_M):
+    concurrency: float
+    tokens_per_s_per_gpu: float
+
+
+class Envelope(_M):
+    deployment: DeploymentInfo
+    window: Window
+    envelope: Verdict
+    cp: CpFit
+    headroom: Headroom
+    regression: Regression
+    load_curve: list[LoadPoint] = Field(description="per-bin points the Cp fit used (24 h history)")
+    computed_at_s: float = Field(description="Unix time the analysis ran (results are cached briefly)")
+
+
+class Quantile(_M):
+    metric: str
+    q: float
+    value_s: float | None
+    observations: float
+    first_bucket_s: float | None
+    at_floor: bool
+    capped: bool
+    estimate: str = Field(description="always 'bucket_interpolated': an estimate from histogram buckets")
+
+
+class QuantilePoint(_M):
+    concept: str
+    bin: int
+    bin_start_ns: int
+    q: float
+    value_s: float | None
+    observations: float
+
+
+class Latency(_M):
+    deployment: str
+    window: Window
+    note: str
+    quantiles: list[Quantile]
+    bin_s: float
+    series: list[QuantilePoint]
+
+
+class SeriesPoint(_M):
+    metric: str
+    bin_start_ns: int
+    mean: float | None
+    min: float | None
+    max: float | None
+
+
+class GpuSeries(_M):
+    deployment: str
+    window: Window
+    bin_s: float
+    source: str = Field(description="gpu_samples (raw) or gpu_samples_1m (rollups, long windows)")
+    gpus: int
+    series: list[SeriesPoint] = Field(description="mean/min/max over the deployment's GPUs per bin")
+
+
+class FabricSeries(_M):
+    deployment: str
+    window: Window
+    bin_s: float
+    links: list[SeriesPoint] = Field(description="NVLink/PCIe bytes/s per GPU")
+    ports: list[SeriesPoint] = Field(description="InfiniBand/RoCE tx/rx bytes/s summed over a node's ports")
+
+
+class Collectives(_M):
+    deployment: str
+    window: Window
+    records: int
+    summary: list[dict[str, Any]]
+
+
+class HeatCell(_M):
+    origin: str
+    window_start_ns: int = Field(description="start of the slice on the records' clock, ns")
+    rank: int
+    share: float = Field(description="share of the slice's blame carried by this rank, 0..1")
+    blame_us: float
+
+
+class Stragglers(_M):
+    deployment: str
+    window: Window
+    thresholds: dict[str, Any]
+    stragglers: list[dict[str, Any]]
+    heatmap: list[HeatCell]
+
+
+class Plan(_M):
+    deployment: str
+    model: str
+    gpu: str
+    gpus: int
+    nodes: int
+    fabric: str
+    workload: dict[str, Any]
+    candidates: list[dict[str, Any]]
+    current: dict[str, Any]
+    change: str
+
+
+class QueryRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sql: str = Field(min_length=1, max_length=20_000, description="one SELECT over the store's tables")
+    max_rows: int = Field(default=1000, ge=1, le=10_000)
+    timeout_s: float = Field(default=5.0, gt=0, le=30)
+
+
+class QueryResult(_M):
+    columns: list[str]
+    types: list[str]
+    rows: list[list[Any]]
+    truncated: bool = Field(description="true when max_rows rows came back (more may exist)")
+
+
+class TableInfo(_M):
+    name: str
+    doc: str
+    columns: dict[str, str]
+    key: list[str]
+
+
+class Problem(BaseModel):
+    detail: Any

@@ -1,0 +1,262 @@
+"""``/api/v1``: deployments, envelope, latency, GPU/fabric series, collectives, stragglers, plan,
+targets, and read-only queries. Thin: validate (:mod:`api.params`), call :mod:`api.service`
+through the app's TTL cache, serialize (:mod:`api.models`).
+
+Rules:
+  1. Reads need the bearer token only when ``settings.require_token_for_reads`` is set.
+  2. Every analysis result is cached per (route, deployment, window, options) for
+     ``app.state.cache.ttl_s`` seconds; concurrent identical requests share one computation.
+  3. Non-finite floats (NaN, ±inf) from the analyzer are served as ``null`` (JSON has no NaN).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import duckdb
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+
+from api import models, service
+from api.auth import require_token
+from api.params import NAME_PATTERN, ParamError, check_name, parse_at, parse_window, unknown_deployment
+from api.query import run_query
+from collector.records import TABLES
+from ioe.readonly import ReadOnlyQueryError
+
+NS = 1_000_000_000
+STRAGGLER_SLICE_S = 10.0
+
+
+def read_guard(request: Request) -> None:
+    """Rule 1."""
+    if request.app.state.settings.require_token_for_reads:
+        require_token(request)
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": models.Problem, "description": "A parameter is malformed; `detail.parameter` names it."},
+    401: {"model": models.Problem, "description": "Bearer token missing or wrong (when reads need one)."},
+    404: {"model": models.Problem, "description": "No such deployment; `detail.known` lists them."},
+    422: {"model": models.Problem, "description": "Request does not validate."},
+}
+router = APIRouter(prefix="/api/v1", dependencies=[Depends(read_guard)], responses=_ERRORS)
+
+NameParam = Annotated[str, Path(description="Deployment name", max_length=128, pattern=NAME_PATTERN)]
+WindowParam = Annotated[str, Query(description="Window length: number with s, m, h or d", max_length=32)]
+AtParam = Annotated[
+    str | None,
+    Query(description="Window end: Unix seconds or ISO-8601 (default: newest sample)", max_length=64),
+]
+PointsParam = Annotated[int, Query(ge=10, le=2000, description="At most this many bins per series")]
+
+
+@dataclass(frozen=True)
+class Span:
+    start_ns: int
+    end_ns: int
+
+    def window(self) -> dict[str, Any]:
+        return {
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "seconds": (self.end_ns - self.start_ns) / NS,
+        }
+
+
+def cached(request: Request, key: tuple[Any, ...], fn: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:
+    """Rule 2 and 3: ``fn(cursor)`` through the app's cache, NaN-free."""
+    return cached_on(request.app, key, fn)
+
+
+def cached_on(app: Any, key: tuple[Any, ...], fn: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:
+    def compute() -> Any:
+        with app.state.store.cursor() as cur:
+            return finite(fn(cur))
+
+    return app.state.cache.get(key, compute)
+
+
+def finite(obj: Any) -> Any:
+    """Rule 3, recursively over dicts, lists and tuples."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def span(request: Request, window: WindowParam = "15m", at: AtParam = None) -> Span:
+    seconds = parse_window(window)
+    end_ns = parse_at(at)
+    if end_ns is None:
+        latest = cached(request, ("latest",), service.latest_ns)
+        end_ns = latest if latest is not None else time.time_ns()
+    return Span(end_ns - int(seconds * NS), end_ns)
+
+
+SpanDep = Annotated[Span, Depends(span)]
+
+
+def deployment(request: Request, name: NameParam) -> Any:
+    check_name(name)
+    deps = cached(request, ("deployments",), service.deployments)
+    for d in deps:
+        if d.name == name:
+            return d
+    raise unknown_deployment(name, [d.name for d in deps])
+
+
+DepDep = Annotated[Any, Depends(deployment)]
+
+
+@router.get("/deployments", response_model=models.DeploymentList, summary="Deployments at a glance")
+def list_deployments(request: Request, s: SpanDep) -> dict[str, Any]:
+    """Every deployment (declared, then inferred) with its zone, p99s, KV headroom, Cp and stragglers."""
+    deps = cached(request, ("deployments",), service.deployments)
+    return {"window": s.window(), "deployments": [_row(request, d, s) for d in deps]}
+
+
+def _row(request: Request, dep: Any, s: Span) -> dict[str, Any]:
+    try:
+        env = _envelope(request, dep, s)
+        strag = _stragglers(request, dep, s, STRAGGLER_SLICE_S)
+    except (duckdb.Error, ValueError, KeyError) as exc:  # one broken deployment must not hide the rest
+        return {"deployment": dep.summary(), "glance": {"error": str(exc).splitlines()[0]}}
+    p99 = {m["metric"]: m["now_s"] for m in env["regression"]["metrics"]}
+    glance = {"zone": env["envelope"]["primary"], "secondary": env["envelope"]["secondary"],
+              "confidence": env["envelope"]["confidence"], "ttft_p99_s": p99.get("ttft_seconds"),
+              "itl_p99_s": p99.get("itl_seconds"), "kv_sequences_left": env["headroom"]["kv_sequences_left"],
+              "cp": env["cp"]["cp"], "stragglers": len(strag["stragglers"])}  # fmt: skip
+    return {"deployment": dep.summary(), "glance": glance}
+
+
+@router.get("/deployments/{name}", response_model=models.DeploymentDetail, summary="One deployment")
+def deployment_detail(request: Request, dep: DepDep) -> dict[str, Any]:
+    """Layout, owned sources (engine series, GPUs, communicators), SLOs and the sources' health."""
+    sources = cached(request, ("sources", dep.name), lambda c: service.sources_health(c, dep))
+    return {"deployment": dep.summary(), "engine_keys": list(dep.engine_keys),
+            "gpu_uuids": list(dep.gpu_uuids), "comm_ids": list(dep.comm_ids),
+            "slo": {"ttft_s": dep.ttft_slo_s, "itl_s": dep.itl_slo_s}, "sources": sources}  # fmt: skip
+
+
+def envelope_of(app: Any, dep: Any, s: Span) -> dict[str, Any]:
+    """The cached envelope report (shared by the route, the overview and ``/metrics``)."""
+    return cached_on(app, ("envelope", dep.name, s), lambda c: service.envelope(c, dep, s.start_ns, s.end_ns))  # type: ignore[no-any-return]
+
+
+def stragglers_of(app: Any, dep: Any, s: Span, slice_s: float) -> dict[str, Any]:
+    return cached_on(app, ("stragglers", dep.name, s, slice_s),  # type: ignore[no-any-return]
+                     lambda c: service.stragglers(c, dep, s.start_ns, s.end_ns, slice_s))  # fmt: skip
+
+
+def _envelope(request: Request, dep: Any, s: Span) -> dict[str, Any]:
+    return envelope_of(request.app, dep, s)
+
+
+@router.get("/deployments/{name}/envelope", response_model=models.Envelope, summary="Envelope verdict")
+def envelope(request: Request, dep: DepDep, s: SpanDep) -> dict[str, Any]:
+    """Zone with every signal as evidence, Cp (24 h history), headroom per axis, p99 regressions."""
+    return _envelope(request, dep, s)
+
+
+@router.get("/deployments/{name}/latency", response_model=models.Latency, summary="Latency quantiles")
+def latency(request: Request, dep: DepDep, s: SpanDep, points: PointsParam = 120) -> dict[str, Any]:
+    """Quantiles of every engine histogram over the window and TTFT/ITL p50/p99 per bin.
+
+    All values are **bucket estimates** (linear interpolation inside the histogram bucket)."""
+    got = cached(request, ("latency", dep.name, s, points),
+                 lambda c: service.latency(c, dep, s.start_ns, s.end_ns, points))  # fmt: skip
+    note = "bucket estimates: quantiles interpolated inside histogram buckets, not exact"
+    return {"deployment": dep.name, "window": s.window(), "note": note, **got}
+
+
+@router.get("/deployments/{name}/gpu", response_model=models.GpuSeries, summary="GPU activity series")
+def gpu(request: Request, dep: DepDep, s: SpanDep, points: PointsParam = 120) -> dict[str, Any]:
+    """SM, tensor and DRAM activity and GPU utilization, downsampled to ``points`` bins."""
+    got = cached(request, ("gpu", dep.name, s, points),
+                 lambda c: service.gpu_series(c, dep, s.start_ns, s.end_ns, points))  # fmt: skip
+    return {"deployment": dep.name, "window": s.window(), **got}
+
+
+@router.get("/deployments/{name}/fabric", response_model=models.FabricSeries, summary="Fabric series")
+def fabric(request: Request, dep: DepDep, s: SpanDep, points: PointsParam = 120) -> dict[str, Any]:
+    """NVLink/PCIe bytes/s per GPU and InfiniBand/RoCE bytes/s per node, downsampled."""
+    got = cached(request, ("fabric", dep.name, s, points),
+                 lambda c: service.fabric_series(c, dep, s.start_ns, s.end_ns, points))  # fmt: skip
+    return {"deployment": dep.name, "window": s.window(), **got}
+
+
+@router.get("/deployments/{name}/collectives", response_model=models.Collectives, summary="Collectives")
+def collectives(request: Request, dep: DepDep, s: SpanDep) -> dict[str, Any]:
+    """Per communicator and op: time, wait (arrival skew) vs transfer, busbw, p99/p50 jitter."""
+    got = cached(request, ("collectives", dep.name, s),
+                 lambda c: service.collectives(c, dep, s.start_ns, s.end_ns))  # fmt: skip
+    return {"deployment": dep.name, "window": s.window(), **got}
+
+
+def _stragglers(request: Request, dep: Any, s: Span, slice_s: float) -> dict[str, Any]:
+    return stragglers_of(request.app, dep, s, slice_s)
+
+
+@router.get("/deployments/{name}/stragglers", response_model=models.Stragglers, summary="Straggler ranks")
+def stragglers(
+    request: Request,
+    dep: DepDep,
+    s: SpanDep,
+    slice_s: Annotated[
+        float, Query(ge=1, le=3600, description="Persistence slice, seconds")
+    ] = STRAGGLER_SLICE_S,
+) -> dict[str, Any]:
+    """Ranks blamed for peers' waits (robust z + persistence), root cause, rank × time heat map."""
+    return {"deployment": dep.name, "window": s.window(), **_stragglers(request, dep, s, slice_s)}
+
+
+@router.get("/deployments/{name}/plan", response_model=models.Plan, summary="Re-parallelization plan")
+def plan(
+    request: Request,
+    dep: DepDep,
+    ttft_slo_s: Annotated[float, Query(gt=0, le=600)] = 2.0,
+    tpot_slo_s: Annotated[float, Query(gt=0, le=10)] = 0.05,
+    top: Annotated[int, Query(ge=1, le=50)] = 8,
+) -> dict[str, Any]:
+    """Ranked layouts for the deployment's model, GPUs and measured workload vs its current layout."""
+    try:
+        got = cached(request, ("plan", dep.name, ttft_slo_s, tpot_slo_s, top),
+                     lambda c: service.plan(c, dep, ttft_slo_s, tpot_slo_s, top))  # fmt: skip
+    except (ValueError, KeyError) as exc:
+        raise ParamError("name", f"cannot plan: {str(exc).strip(chr(34))}", status=422) from exc
+    return {"deployment": dep.name, **got}
+
+
+@router.get("/targets", response_model=models.TargetList, summary="Sources' health")
+def targets(request: Request) -> dict[str, Any]:
+    """Every scrape target or source with its latest health (the ``targets`` table)."""
+    return {"targets": cached(request, ("targets",), lambda c: service.targets(c))}
+
+
+@router.get("/tables", response_model=list[models.TableInfo], summary="Store tables for queries")
+def tables() -> list[dict[str, Any]]:
+    """The tables a query may read, with their columns' types and natural keys."""
+    return [
+        {"name": t.name, "doc": t.doc, "columns": dict(t.columns), "key": list(t.key)}
+        for t in TABLES.values()
+    ]
+
+
+@router.post("/query", response_model=models.QueryResult, summary="Read-only SQL query")
+def query(request: Request, body: models.QueryRequest) -> dict[str, Any]:
+    """One SELECT over the store's tables; no writes, files, attachments or extensions; time/row limited."""
+    try:
+        with request.app.state.store.cursor() as cur:
+            df = run_query(cur, body.sql, max_rows=body.max_rows, timeout_s=body.timeout_s)
+    except ReadOnlyQueryError as exc:
+        raise HTTPException(400, detail={"parameter": "sql", "message": str(exc)}) from exc
+    rows = [finite(list(r)) for r in df.iter_rows()]
+    return {"columns": df.columns, "types": [str(t) for t in df.dtypes], "rows": rows,
+            "truncated": df.height >= body.max_rows}  # fmt: skip

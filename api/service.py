@@ -1,0 +1,234 @@
+"""The analyses the API serves, as plain functions over a store cursor (no HTTP here).
+
+Each function calls the analyzer and reshapes its output for the wire; the only new rules are
+the series downsampling and the window of collective records:
+
+  1. A chart series has at most ``points`` bins: ``bin = max(window / points, 1 s)``, each bin
+     the mean (and min/max) over the deployment's GPUs of the samples in ``(start + k·bin,
+     start + (k+1)·bin]``. Windows longer than :data:`RAW_WINDOW_MAX_S` read the 1-minute
+     rollups (``*_1m``) instead of raw samples.
+  2. Collective records belong to a deployment through its communicators; a record is in the
+     window when its start (or dump) time in epoch µs is. Records on a trace-relative clock
+     (Kineto, < :data:`EPOCH_US_MIN`) have no wall time and are always included.
+  3. Stragglers and their heat map come from :mod:`analyzer.stragglers` over those records
+     (share of the window's blame per rank and ``window_s`` slice).
+  4. The plan runs :mod:`analyzer.planner` for the deployment's model, GPU, size and measured
+     workload (``request_spans``), and compares with its current layout.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from analyzer import catalog, modelcfg, planner
+from analyzer import stragglers as strag
+from analyzer.collectives import rank_waits, summary
+from analyzer.crossover import load_bins
+from analyzer.deployments import Deployment, list_deployments
+from analyzer.envelope import analyze_deployment
+from analyzer.latency import binned_quantiles, window_quantiles
+from analyzer.regression import p99_regression
+from analyzer.thresholds import Thresholds
+
+NS = 1_000_000_000
+RAW_WINDOW_MAX_S = 6 * 3600.0
+EPOCH_US_MIN = 1e15  # 2001-09-09 in µs: smaller start times are trace-relative
+GPU_METRICS = ("sm_active_ratio", "tensor_active_ratio", "dram_active_ratio", "gpu_util_ratio")
+LINK_METRICS = (
+    "nvlink_tx_bytes_per_s",
+    "nvlink_rx_bytes_per_s",
+    "pcie_tx_bytes_per_s",
+    "pcie_rx_bytes_per_s",
+)
+LATENCY_QS = (0.5, 0.9, 0.99)
+
+
+def latest_ns(con: duckdb.DuckDBPyConnection) -> int | None:
+    """The newest engine or GPU sample time (the default window end)."""
+    row = con.execute(
+        "SELECT greatest(coalesce((SELECT max(ts_ns) FROM engine_samples), 0),"
+        " coalesce((SELECT max(ts_ns) FROM gpu_samples), 0))"
+    ).fetchone()
+    return int(row[0]) if row and row[0] else None
+
+
+def deployments(con: duckdb.DuckDBPyConnection) -> list[Deployment]:
+    return list_deployments(con)
+
+
+def sources_health(con: duckdb.DuckDBPyConnection, dep: Deployment) -> list[dict[str, Any]]:
+    """``targets`` rows of the deployment's engine sources and of its nodes."""
+    sources = sorted({k.split("|", 1)[0] for k in dep.engine_keys})
+    return targets(con, names=sources, hosts=list(dep.nodes))
+
+
+def targets(
+    con: duckdb.DuckDBPyConnection, *, names: list[str] | None = None, hosts: list[str] | None = None
+) -> list[dict[str, Any]]:
+    where, params = "", []
+    if names is not None or hosts is not None:
+        where = "WHERE list_contains(?, target) OR list_contains(?, host)"
+        params = [names or [], hosts or []]
+    cur = con.execute(f"SELECT * FROM targets {where} ORDER BY target", params)
+    cols = [c[0] for c in cur.description or []]
+    return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+
+def envelope(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, history_s: float = 86400.0
+) -> dict[str, Any]:
+    """Zone + evidence + Cp + headroom (:func:`analyze_deployment`), regressions and the load curve."""
+    th = Thresholds()
+    report = analyze_deployment(con, dep, start_ns, end_ns, th, history_s=history_s)
+    report["regression"] = p99_regression(con, dep, start_ns, end_ns, th).as_dict()
+    report["load_curve"] = load_curve(con, dep, max(end_ns - int(history_s * NS), 0), end_ns, th)
+    report["window"] = {"start_ns": start_ns, "end_ns": end_ns, "seconds": (end_ns - start_ns) / NS}
+    report["computed_at_s"] = time.time()
+    return report
+
+
+def load_curve(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, th: Thresholds
+) -> list[dict[str, float]]:
+    """The points Cp is fitted on: per ``bin_s`` bin, running requests vs tokens/s per GPU."""
+    bins = load_bins(con, dep, start_ns, end_ns, th).drop_nulls(["running", "tokens_per_s"])
+    gpus = max(dep.n_gpus, 1)
+    return [
+        {"concurrency": float(r), "tokens_per_s_per_gpu": float(t) / gpus}
+        for r, t in zip(bins["running"].to_list(), bins["tokens_per_s"].to_list(), strict=True)
+    ]
+
+
+def bin_seconds(window_s: float, points: int) -> float:
+    """Rule 1's bin width."""
+    return max(window_s / max(points, 1), 1.0)
+
+
+def latency(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, points: int
+) -> dict[str, Any]:
+    """Window quantiles of every histogram and TTFT/ITL p50/p99 per bin (bucket estimates)."""
+    keys = list(dep.engine_keys)
+    wq = window_quantiles(con, start_ns, end_ns, keys=keys, qs=LATENCY_QS)
+    bin_s = bin_seconds((end_ns - start_ns) / NS, points)
+    series = binned_quantiles(
+        con, start_ns, end_ns, bin_s, keys=keys, concepts=("ttft_seconds", "itl_seconds"), qs=(0.5, 0.99)
+    )
+    return {
+        "quantiles": [q.as_dict() for d in wq.values() for q in d.values()],
+        "bin_s": bin_s,
+        "series": series.sort(["concept", "q", "bin"]).to_dicts(),
+    }
+
+
+def gpu_series(
+    con: duckdb.DuckDBPyConnection,
+    dep: Deployment,
+    start_ns: int,
+    end_ns: int,
+    points: int,
+    metrics: tuple[str, ...] = GPU_METRICS,
+) -> dict[str, Any]:
+    """Rule 1 over ``gpu_samples``: ``[metric, bin_start_ns, mean, min, max]`` per bin."""
+    window_s = (end_ns - start_ns) / NS
+    bin_s = bin_seconds(window_s, points)
+    raw = window_s <= RAW_WINDOW_MAX_S
+    table, ts, value = ("gpu_samples", "ts_ns", "value") if raw else ("gpu_samples_1m", "minute_ns", "avg")
+    bin_ns = int(bin_s * NS)
+    rows = con.execute(
+        f"""SELECT metric, ? + b * ? AS bin_start_ns, avg(v) AS mean, min(v) AS min, max(v) AS max FROM (
+                SELECT metric, ({ts} - ? - 1) // ? AS b, {ts} AS t, sum({value}) AS v
+                FROM {table} WHERE {ts} > ? AND {ts} <= ? AND list_contains(?, uuid)
+                  AND list_contains(?, metric) GROUP BY metric, b, t, uuid)
+            GROUP BY metric, b ORDER BY metric, b""",
+        [start_ns, bin_ns, start_ns, bin_ns, start_ns, end_ns, list(dep.gpu_uuids), list(metrics)],
+    ).pl()
+    return {"bin_s": bin_s, "source": table, "gpus": dep.n_gpus, "series": rows.to_dicts()}
+
+
+def fabric_series(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, points: int
+) -> dict[str, Any]:
+    """NVLink/PCIe bytes/s per GPU (rule 1) and InfiniBand/RoCE port bytes/s summed per node."""
+    links = gpu_series(con, dep, start_ns, end_ns, points, LINK_METRICS)
+    bin_ns = int(links["bin_s"] * NS)
+    ports = con.execute(
+        """SELECT metric, ? + b * ? AS bin_start_ns, avg(v) AS mean, min(v) AS min, max(v) AS max FROM (
+               SELECT metric, (ts_ns - ? - 1) // ? AS b, ts_ns, sum(rate_per_s) AS v FROM fabric_samples
+               WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, host)
+                 AND metric IN ('tx_bytes', 'rx_bytes') AND rate_per_s IS NOT NULL
+               GROUP BY metric, b, ts_ns)
+           GROUP BY metric, b ORDER BY metric, b""",
+        [start_ns, bin_ns, start_ns, bin_ns, start_ns, end_ns, list(dep.nodes)],
+    ).pl()
+    return {"bin_s": links["bin_s"], "links": links["series"], "ports": ports.to_dicts()}
+
+
+def collective_records(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int
+) -> pl.DataFrame:
+    """Rule 2: the deployment's collective records in the window."""
+    rel = con.execute(
+        """SELECT origin, comm_id, coll_sn, rank, op, host, pid, n_ranks, msg_bytes, exec_us, busbw_gbs,
+                  start_us, stop_us, coalesce(start_us, dump_ts_us) AS t_us
+           FROM collective_records WHERE list_contains(?, comm_id)
+             AND (coalesce(start_us, dump_ts_us) < ? OR
+                  (coalesce(start_us, dump_ts_us) > ? AND coalesce(start_us, dump_ts_us) <= ?))""",
+        [list(dep.comm_ids), EPOCH_US_MIN, start_ns / 1000, end_ns / 1000],
+    )
+    return pl.from_arrow(rel.to_arrow_table())  # type: ignore[return-value]
+
+
+def collectives(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int
+) -> dict[str, Any]:
+    """Per communicator/op: time, wait vs transfer split, busbw, jitter (:func:`summary`)."""
+    records = collective_records(con, dep, start_ns, end_ns)
+    if records.height == 0:
+        return {"records": 0, "summary": []}
+    return {"records": records.height, "summary": summary(records).drop("window").to_dicts()}
+
+
+def stragglers(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, window_s: float
+) -> dict[str, Any]:
+    """Rule 3: flagged ranks with root causes, and the rank × time blame-share heat map."""
+    th = strag.Thresholds(window_s=window_s)
+    records = collective_records(con, dep, start_ns, end_ns)
+    out: dict[str, Any] = {"thresholds": asdict(th), "stragglers": [], "heatmap": []}
+    for (origin,), part in records.group_by(["origin"], maintain_order=True):
+        for s in strag.find_stragglers(part, th):
+            found = asdict(strag.root_cause(con, s, str(origin), None, th))
+            out["stragglers"].append({"origin": str(origin), **found})
+        waits = rank_waits(part)
+        if waits.height:
+            heat = strag.blame_by_window(waits, window_s * 1e6).with_columns(
+                (pl.col("window") * int(window_s * 1e9)).alias("window_start_ns"),
+                pl.lit(str(origin)).alias("origin"),
+            )
+            out["heatmap"] += heat.select("origin", "window_start_ns", "rank", "share", "blame_us").to_dicts()
+    return out
+
+
+def plan(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, ttft_slo_s: float, tpot_slo_s: float, top: int
+) -> dict[str, Any]:
+    """Rule 4; ``ValueError``/``KeyError`` when the deployment lacks a model, GPU or workload."""
+    work = planner.workload_from_store(con, dep.name, ttft_slo_s, tpot_slo_s)
+    layout, info = planner.current_layout(con, dep.name)
+    fabric = catalog.fabric(info["fabric"]) if info["fabric"] else catalog.fabric("ib_ndr")
+    prob = planner.Problem(modelcfg.load(info["model"] or dep.model), catalog.gpu(info["gpu"] or "h100_sxm"),
+                           layout.gpus, max(len(dep.nodes), 1), fabric)  # fmt: skip
+    ranked = planner.search(prob, work)
+    base = planner.evaluate(prob, layout, work)
+    return {
+        "model": prob.model.name, "gpu": prob.gpu.name, "gpus": prob.gpus, "nodes": prob.nodes,
+        "fabric": prob.fabric.name, "workload": asdict(work),
+        "candidates": [c.as_dict() for c in ranked[:top]], "current": base.as_dict(),
+        "change": planner.compare(base, ranked[0]) if ranked else "no layout meets the SLOs",
+    }  # fmt: skip
