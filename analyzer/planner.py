@@ -16,6 +16,7 @@ The search, for a GPU budget, a topology and a workload (ISL, OSL, SLOs):
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 
 from analyzer import capacity as cap
@@ -267,6 +268,28 @@ def span_filter(con: object, deployment: str, model: str) -> tuple[str, list[obj
     return cond, [deployment, models]
 
 
+def _engine_filter(con: object, deployment: str, model: str) -> str:
+    """SQL condition for the deployment's engine series: its declared targets, else its model."""
+    q = getattr(con, "execute")  # noqa: B009
+    row = q(
+        "SELECT json_extract_string(spec, '$.targets') FROM deployments WHERE name = ?", [deployment]
+    ).fetchone()
+    targets = json.loads(row[0]) if row and row[0] else []
+    if targets:
+        return "list_contains(" + _sql_list(targets) + ", source)"
+    names = [r[0] for r in q("SELECT DISTINCT model FROM engine_samples").fetchall()]
+    want = modelcfg.canonical_name(model) if model else ""
+    return (
+        "list_contains("
+        + _sql_list([m for m in names if want and modelcfg.canonical_name(m) == want])
+        + ", model)"
+    )
+
+
+def _sql_list(values: list[str]) -> str:
+    return "[" + ", ".join("'" + v.replace("'", "''") + "'" for v in values) + "]::VARCHAR[]"
+
+
 def workload_from_store(con: object, deployment: str, ttft_slo_s: float, tpot_slo_s: float) -> Workload:
     """The measured workload of ``deployment`` from the store (a DuckDB connection or cursor).
 
@@ -290,10 +313,8 @@ def workload_from_store(con: object, deployment: str, ttft_slo_s: float, tpot_sl
     if spans is None or not spans[2]:
         raise ValueError(f"deployment {deployment!r}: no request_spans with input_tokens (model {model!r})")
     running = q(
-        "SELECT avg(value) FROM engine_samples WHERE concept = 'requests_running' AND source IN "
-        "(SELECT unnest(from_json(json_extract(spec, '$.targets'), '[\"VARCHAR\"]')) FROM deployments "
-        "WHERE name = ?)",
-        [deployment],
+        "SELECT avg(value) FROM engine_samples WHERE concept = 'requests_running' AND "
+        f"{_engine_filter(con, deployment, model)}"
     ).fetchone()
     rate = spans[2] / spans[3] if spans[3] else 0.0
     return Workload(
