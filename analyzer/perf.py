@@ -14,16 +14,21 @@ Rules (REFERENCE §5), per GPU of the most loaded pipeline stage:
      MoE layer. P/D: KV bytes/token × ISL per request crosses the inter-node fabric.
   4. Each transfer costs the latency + bytes / one-way bandwidth of the link it crosses: the
      scale-up (NVLink) domain when the group fits in one node, the inter-node fabric otherwise.
-  5. Serving at a fixed concurrency C in aggregated mode (the calibration benchmarks): the running
-     batch is min(C, sequences that fit in KV); every decode step absorbs the prefills of the
-     running/OSL requests that arrive per step (chunked prefill), which is why TPOT rises with
-     ISL/OSL; TTFT is the request's own prefill, the prefills queued with it, and, when C exceeds
-     what fits, the wait for a slot.
+  5. Serving at concurrency C in aggregated mode: the running batch is min(C, sequences that fit
+     in KV). Spread-out arrivals (:func:`steady_latency`): ``running / OSL`` prompts join per
+     step; a "mixed" engine (vLLM, TRT-LLM) folds their tokens into the decode step's GEMMs
+     (weights read once), a "prefill_first" engine (SGLang) pauses decoding for each prefill.
+     Waves (:func:`wave_latency`): a closed-loop benchmark starts all C clients at once; the
+     wave's prompts are prefilled in step-budget chunks, so request i waits for the chunks ahead
+     of it. ``burst_share`` mixes the two (the harness, not the hardware). When C exceeds what
+     fits, the rest wait for a slot (queue_wait_s). Pipeline stages each run their micro-batch
+     as a separate engine step, so PP pays the per-step overhead once per stage.
   6. All efficiency factors are in :data:`EFFICIENCY` (one row per backend) — nothing per row.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from analyzer import capacity as cap
@@ -54,23 +59,51 @@ class Efficiency:
     comm_eff: float
     fp8_kv: bool
     burst_share: float = 0.0
+    scheduler: str = "mixed"
+    chunk_tokens: int = 8192
+    low_precision_scale: float = 1.0
+
+    def mfu_at(self, precision: str) -> float:
+        """MFU against the precision's own peak: FP8/FP4 GEMMs reach ``low_precision_scale`` × mfu."""
+        return self.mfu * (self.low_precision_scale if precision in ("fp8", "fp4") else 1.0)
 
 
-# Fitted once against tests/data/silicon/dense_calibration.csv on a coarse grid (mfu 0.45/0.6,
-# hbm_eff 0.8/0.9, overhead 0.5/1.5/3 ms, burst 0.25-1.0), minimizing median TPOT + ½ TTFT error
-# per backend: ``python -m bench.calibration`` reproduces the table. hbm_eff 0.9 × 3.35 TB/s is
-# the ~3.0 TB/s device copy measured on the project's H100 (REFERENCE §5).
+# Fitted on the h100_sxm rows of tests/data/silicon/dense_calibration.csv only (h200/b200/gb200
+# rows are held out), by a small grid minimizing median TPOT error + ½ median TTFT error per
+# backend (a throwaway grid, not shipped; ``python -m bench.calibration`` prints the errors with
+# each group marked in-sample or held-out). Physical reading of each factor:
+#   mfu             BF16 GEMM efficiency of prefill-sized batches (0.5-0.55 of 989 TFLOP/s on H100,
+#                   i.e. ~500 TFLOP/s; the 8192³ matmul peak measured here is ~800).
+#   low_precision_scale  FP8/FP4 GEMMs reach this share of that mfu against their 2× peak
+#                   (0.7: ~690 TFLOP/s FP8 on H100: per-tensor scaling and quantization overheads).
+#   hbm_eff         decode's weight + KV streaming rate over nominal HBM bandwidth (0.7-0.9).
+#   step_overhead_s CPU scheduling, sampling and launch gaps per engine step.
+#   comm_eff        share of NVLink bandwidth a TP all-reduce reaches at these message sizes.
+#                   Held at 0.7 (NCCL busbw on H100 NVLink): the grid preferred 0.4 for vLLM and
+#                   TRT-LLM (vLLM TPOT median 9.5 % instead of 13.2 %), but that stands in for the
+#                   GEMM efficiency lost at high TP and would mislead the planner about TP.
+#   scheduler       "mixed" (vLLM, TRT-LLM: chunked prefill rides in decode steps) or
+#                   "prefill_first" (SGLang: a prefill batch pauses decoding); chunk_tokens = the
+#                   engines' default step budget (max_num_batched_tokens / max_num_tokens /
+#                   chunked_prefill_size = 8192).
+#   burst_share     the HARNESS, not the hardware: share of requests arriving in synchronized
+#                   waves. SGLang's prefill-first keeps a closed loop's waves synchronized (1.0);
+#                   for mixed schedulers the waves dissolve after the first (~1/k for k requests
+#                   per client; 0.15 fitted). Planning passes 0.
 EFFICIENCY: dict[str, Efficiency] = {
     "trtllm": Efficiency(
-        mfu=0.45, hbm_eff=0.80, step_overhead_s=1.5e-3, comm_eff=0.7, fp8_kv=True, burst_share=0.25
+        mfu=0.50, hbm_eff=0.70, step_overhead_s=2.0e-3, comm_eff=0.7, fp8_kv=True,
+        burst_share=0.15, scheduler="mixed", low_precision_scale=0.7,
     ),
     "vllm": Efficiency(
-        mfu=0.60, hbm_eff=0.90, step_overhead_s=3.0e-3, comm_eff=0.7, fp8_kv=False, burst_share=0.25
+        mfu=0.55, hbm_eff=0.80, step_overhead_s=3.0e-3, comm_eff=0.7, fp8_kv=False,
+        burst_share=0.15, scheduler="mixed", low_precision_scale=0.7,
     ),
     "sglang": Efficiency(
-        mfu=0.45, hbm_eff=0.90, step_overhead_s=1.5e-3, comm_eff=0.7, fp8_kv=False, burst_share=0.5
+        mfu=0.55, hbm_eff=0.90, step_overhead_s=3.0e-3, comm_eff=0.7, fp8_kv=False,
+        burst_share=1.0, scheduler="prefill_first", low_precision_scale=0.7,
     ),
-}
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -164,11 +197,11 @@ def touched_weight_bytes(s: Setup, tokens: int) -> float:
 def compute_time(s: Setup, tokens: int, ctx_tokens: float, causal_prefill: bool) -> float:
     """GEMM + attention FLOPs of ``tokens`` tokens on one GPU over its dense peak × mfu (notes 1-2)."""
     m, lay = s.model, s.layout
-    attn_tp = 1 if lay.attention_dp else lay.tp
     gemm = 2 * m.active_params() * tokens / (lay.tp * lay.pp)
     span = ctx_tokens / 2 if causal_prefill else ctx_tokens
-    attn = 4 * s.stage_layers * tokens * span * m.heads * m.head_dim / attn_tp
-    return (gemm + attn) / (s.gpu.peak_flops(s.precision) * s.eff.mfu)
+    # TP splits the heads, attention-DP splits the sequences: either way 1/TP of the work per GPU.
+    attn = 4 * s.stage_layers * tokens * span * m.heads * m.head_dim / lay.tp
+    return (gemm + attn) / (s.gpu.peak_flops(s.precision) * s.eff.mfu_at(s.precision))
 
 
 def comm_time(s: Setup, tokens: int) -> dict[str, float]:
@@ -190,17 +223,24 @@ def comm_time(s: Setup, tokens: int) -> dict[str, float]:
     return out
 
 
-def decode_step(s: Setup, batch: int, ctx_tokens: float) -> dict[str, float]:
-    """Terms of one decode step for ``batch`` sequences of mean context ``ctx_tokens`` (note 1)."""
+def step_time(s: Setup, running: int, ctx_tokens: float, prefill_tokens: float, isl: int) -> dict[str, float]:
+    """One engine step: ``running`` decodes at mean context ``ctx_tokens`` plus ``prefill_tokens``
+    prompt tokens of ``isl``-long prompts riding in the same batch (notes 1-2, 5).
+
+    Weights are read once for the whole batch; the GEMMs see decode + prefill tokens together.
+    """
     lay = s.layout
-    per_stage = max(1, round(batch / lay.pp))
+    per_stage = max(1, round(running / lay.pp))
+    pre = prefill_tokens / lay.pp
     kv = per_stage * cap.kv_per_gpu_per_sequence(s.model, round(ctx_tokens), s.kv_precision, lay)
     if lay.attention_dp:
         kv /= lay.tp
-    weights = touched_weight_bytes(s, per_stage)
+    weights = touched_weight_bytes(s, per_stage + round(pre))
     hbm = (weights + kv) / (s.gpu.hbm_bytes_per_s * s.eff.hbm_eff)
     flops = compute_time(s, per_stage, ctx_tokens, causal_prefill=False)
-    comm = comm_time(s, per_stage)
+    if pre > 0:
+        flops += compute_time(s, round(pre), isl, causal_prefill=True)
+    comm = comm_time(s, per_stage + round(pre))
     stage = max(hbm, flops) + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
     return {
         "weights_read_bytes": weights,
@@ -208,8 +248,13 @@ def decode_step(s: Setup, batch: int, ctx_tokens: float) -> dict[str, float]:
         "decode_hbm_s": hbm,
         "decode_compute_s": flops,
         **{f"decode_{k}": v for k, v in comm.items()},
-        "decode_step_s": lay.pp * stage + comm.get("pp_send_s", 0.0) + s.eff.step_overhead_s,
+        "decode_step_s": lay.pp * (stage + s.eff.step_overhead_s) + comm.get("pp_send_s", 0.0),
     }
+
+
+def decode_step(s: Setup, batch: int, ctx_tokens: float) -> dict[str, float]:
+    """Terms of one pure decode step for ``batch`` sequences of mean context ``ctx_tokens`` (note 1)."""
+    return step_time(s, batch, ctx_tokens, 0.0, 0)
 
 
 def prefill_time(s: Setup, tokens: int, isl: int) -> dict[str, float]:
@@ -248,6 +293,64 @@ def _wall(terms: dict[str, float], queued: bool) -> str:
     return "hbm_bandwidth" if terms["decode_hbm_s"] >= terms["decode_compute_s"] else "compute"
 
 
+def _chunk_budget(s: Setup, running: int) -> int:
+    """Prompt tokens one step can take: the step token budget less the decodes riding in it."""
+    decodes = 0 if s.eff.scheduler == "prefill_first" else running
+    return max(s.eff.chunk_tokens - decodes, 1)
+
+
+def steady_latency(s: Setup, running: int, isl: int, osl: int) -> tuple[float, float, dict[str, float]]:
+    """(TTFT, TPOT, terms) once arrivals are spread out: ``running / OSL`` prompts join per step.
+
+    1. mixed: the arriving prompt tokens ride in every decode step (chunked prefill), so TPOT is
+       that mixed step; a new prompt waits half a step, then takes ceil(ISL / budget) steps that
+       each carry at least one whole budget of its tokens.
+    2. prefill_first: each arriving prompt is a separate prefill that pauses decoding, so TPOT is
+       the pure decode step + arrivals × prefill time; TTFT = half a step + the prefill.
+    """
+    ctx = isl + osl / 2
+    arrivals = running / max(osl, 1)
+    if s.eff.scheduler == "prefill_first":
+        step = step_time(s, running, ctx, 0.0, isl)
+        own = prefill_time(s, isl, isl)["prefill_s"] + s.eff.step_overhead_s
+        tpot = step["decode_step_s"] + arrivals * own
+        return own + tpot / 2, tpot, {**step, "prefill_arrivals_per_step": arrivals}
+    budget = _chunk_budget(s, running)
+    step = step_time(s, running, ctx, min(arrivals * isl, budget), isl)
+    chunk = step_time(s, running, ctx, max(min(isl, budget), min(arrivals * isl, budget)), isl)
+    tpot = step["decode_step_s"]
+    ttft = tpot / 2 + math.ceil(isl / budget) * chunk["decode_step_s"]
+    return ttft, tpot, {**step, "prefill_arrivals_per_step": arrivals}
+
+
+def wave_latency(s: Setup, running: int, isl: int, osl: int) -> tuple[float, float]:
+    """(TTFT, TPOT) averaged over a wave of ``running`` prompts that arrive together.
+
+    1. The wave's running × ISL prompt tokens are prefilled in chunks of the step budget; request
+       i (in arrival order) gets its first token when the chunk holding its last prompt token ends.
+    2. prefill_first: nobody decodes until the whole wave is prefilled (time T), so request i's
+       TPOT carries (T − TTFT_i) / (OSL − 1) on top of the pure decode step.
+    3. mixed: request i decodes one token per remaining chunk step, then at the decode step.
+    """
+    budget = _chunk_budget(s, running)
+    total = running * isl
+    n_chunks = math.ceil(total / budget)
+    riders = 0 if s.eff.scheduler == "prefill_first" else running // 2
+    chunk_s = step_time(s, riders, isl, min(budget, total), isl)["decode_step_s"]
+    decode_s = decode_step(s, running, isl + osl / 2)["decode_step_s"]
+    gaps = max(osl - 1, 1)
+    ttfts, tpots = [], []
+    for i in range(1, running + 1):
+        k = math.ceil(i * isl / budget)
+        ttfts.append(k * chunk_s)
+        if s.eff.scheduler == "prefill_first":
+            tpots.append(decode_s + (n_chunks - k) * chunk_s / gaps)
+        else:
+            m = min(n_chunks - k, gaps)
+            tpots.append((m * chunk_s + (gaps - m) * decode_s) / gaps)
+    return sum(ttfts) / running, sum(tpots) / running
+
+
 def expected_latency(
     model: ModelConfig,
     gpu: Gpu,
@@ -262,9 +365,9 @@ def expected_latency(
 ) -> Estimate:
     """Expected TTFT and TPOT at concurrency ``batch`` per replica, aggregated serving (note 5).
 
-    ``burst_share`` > 0 mixes in a benchmark's opening burst: those requests see the prefills of
-    the burst ahead of them ((running + 1) / 2 prompts on average) and decode without
-    interference, because all prompts were prefilled before decoding started.
+    ``burst_share`` is the share of requests that arrive in synchronized waves (a closed-loop
+    benchmark that starts all clients at once: :func:`wave_latency`); the rest see spread-out
+    arrivals (:func:`steady_latency`). Planning uses 0.
     """
     s = Setup(model, gpu, layout, precision, backend, topo or Topology.for_gpu(gpu))
     c = cap.capacity(
@@ -280,24 +383,19 @@ def expected_latency(
             {"weights_per_gpu_bytes": c.weights_bytes, "kv_budget_bytes": c.kv_budget_bytes},
         )
     running = max(1, min(batch, c.max_sequences))
-    terms = decode_step(s, running, isl + osl / 2)
-    own = prefill_time(s, isl, isl)
-    arrivals = running / max(osl, 1)
-    interference = arrivals * own["prefill_stage_s"] * layout.pp
-    steady_ttft = max(1.0, arrivals) * own["prefill_s"] + terms["decode_step_s"]
-    burst_ttft = (running + 1) / 2 * own["prefill_s"] + terms["decode_step_s"]
-    ttft = burst_share * burst_ttft + (1 - burst_share) * steady_ttft
-    tpot = terms["decode_step_s"] + (1 - burst_share) * interference
+    ttft, tpot, terms = steady_latency(s, running, isl, osl)
+    if burst_share > 0:
+        w_ttft, w_tpot = wave_latency(s, running, isl, osl)
+        ttft = burst_share * w_ttft + (1 - burst_share) * ttft
+        tpot = burst_share * w_tpot + (1 - burst_share) * tpot
     queue = (ttft + osl * tpot) * (batch / running - 1) if batch > running else 0.0
-    terms.update(own)
+    terms.update(prefill_time(s, isl, isl))
     terms.update(
         {
             "running_sequences": float(running),
             "max_sequences": float(c.max_sequences),
             "weights_per_gpu_bytes": c.weights_bytes,
             "kv_budget_bytes": c.kv_budget_bytes,
-            "prefill_arrivals_per_step": arrivals,
-            "prefill_interference_s": interference,
             "queue_wait_s": queue,
         }
     )

@@ -3,7 +3,9 @@
 Run: ``.venv/bin/python -m bench.calibration [CSV] [--markdown]``. Default CSV is
 ``tests/data/silicon/dense_calibration.csv`` (real H100/H200/B200/GB200 measurements, a subset of
 NVIDIA aiconfigurator's silicon sample). For each (system, backend) group it prints the number of
-rows, the median and p90 absolute % error of TPOT and TTFT, and an ``all`` line.
+rows, the median and p90 absolute % error of TPOT and TTFT, whether the group was used to fit
+:data:`analyzer.perf.EFFICIENCY` (``in-sample``: the h100_sxm rows) or not (``held-out``: every
+other system), and one ``all`` line per split so the in-sample and held-out claims stay apart.
 
 Absolute % error = |predicted − measured| / measured × 100. Rows the model cannot estimate are
 counted in ``skipped`` and never silently dropped.
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from ioe.commands.estimate import annotate_csv
 
+FIT_SYSTEMS = frozenset({"h100_sxm"})  # the rows the efficiency factors were fitted on
 DEFAULT = Path(__file__).resolve().parent.parent / "tests" / "data" / "silicon" / "dense_calibration.csv"
 
 
@@ -50,15 +53,17 @@ def error_table(csv_path: Path) -> list[dict[str, object]]:
         if tpot is None or ttft is None:
             skipped[key] += 1
             continue
-        for k in (key, ("all", "all")):
+        split = "all in-sample" if key[0] in FIT_SYSTEMS else "all held-out"
+        for k in (key, (split, "all")):
             groups[k]["tpot"].append(tpot)
             groups[k]["ttft"].append(ttft)
     out = []
-    for key in sorted(groups, key=lambda k: (k == ("all", "all"), k)):
+    for key in sorted(groups, key=lambda k: (k[0].startswith("all"), k)):
         g = groups[key]
         out.append({
             "system": key[0], "backend": key[1], "n": len(g["tpot"]),
-            "skipped": skipped.get(key, 0) if key != ("all", "all") else sum(skipped.values()),
+            "fit": "held-out" if key[0] not in FIT_SYSTEMS and "in-sample" not in key[0] else "in-sample",
+            "skipped": skipped.get(key, 0),
             "tpot_median": _pct(g["tpot"], 0.5), "tpot_p90": _pct(g["tpot"], 0.9),
             "ttft_median": _pct(g["ttft"], 0.5), "ttft_p90": _pct(g["ttft"], 0.9),
         })  # fmt: skip
@@ -66,12 +71,15 @@ def error_table(csv_path: Path) -> list[dict[str, object]]:
 
 
 def render(rows: list[dict[str, object]]) -> str:
-    head = "| system | backend | rows | skipped | TPOT median % | TPOT p90 % | TTFT median % | TTFT p90 % |"
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|"]
+    head = (
+        "| system | backend | fit | rows | skipped "
+        "| TPOT median % | TPOT p90 % | TTFT median % | TTFT p90 % |"
+    )
+    lines = [head, "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
-            f"| {r['system']} | {r['backend']} | {r['n']} | {r['skipped']} | {r['tpot_median']:.1f} "
-            f"| {r['tpot_p90']:.1f} | {r['ttft_median']:.1f} | {r['ttft_p90']:.1f} |"
+            f"| {r['system']} | {r['backend']} | {r['fit']} | {r['n']} | {r['skipped']} "
+            f"| {r['tpot_median']:.1f} | {r['tpot_p90']:.1f} | {r['ttft_median']:.1f} | {r['ttft_p90']:.1f} |"
         )
     return "\n".join(lines)
 
