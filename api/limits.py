@@ -2,8 +2,9 @@
 
 Rules:
   1. A ``Content-Length`` above the cap → 413 before the body is read.
-  2. A body without a length (chunked) or with a lying length is counted as it streams; the first
-     chunk that crosses the cap ends the request with 413 (nothing past the cap is buffered).
+  2. A body without a length (chunked) or with a lying length is counted as it streams; at the
+     first chunk that crosses the cap the application sees the body end there, and whatever it
+     answers is replaced by the 413 (nothing past the cap is buffered).
   3. Paths in ``own_limits`` (the OTLP receiver, which caps the *decompressed* size itself with
      its own setting) are passed through untouched.
 """
@@ -21,10 +22,6 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class BodyLimit:
     def __init__(self, app: ASGIApp, max_bytes: int, own_limits: tuple[str, ...] = ()):
         self.app = app
@@ -39,28 +36,27 @@ class BodyLimit:
         if length is not None and length > self.max_bytes:
             await self._refuse(send, f"request body of {length} bytes exceeds the {self.max_bytes}-byte cap")
             return
-        seen = 0
-        started = False
+        seen, refused = 0, False
 
         async def counting_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.request", "body": b"", "more_body": False}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise BodyTooLarge
+                if seen > self.max_bytes:  # rule 2: end the body here; the answer becomes 413
+                    refused = True
+                    return {"type": "http.request", "body": b"", "more_body": False}
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
+        async def replacing_send(message: Message) -> None:
+            if not refused:
+                await send(message)
+            elif message["type"] == "http.response.start":
                 await self._refuse(send, f"request body exceeds the {self.max_bytes}-byte cap")
+
+        await self.app(scope, counting_receive, replacing_send)
 
     async def _refuse(self, send: Send, message: str) -> None:
         body = json.dumps({"detail": {"parameter": "body", "message": message}}).encode()

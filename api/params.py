@@ -1,11 +1,13 @@
 """Request parameters: time windows, window ends and deployment names, validated with clear 4xx.
 
 Rules:
-  1. ``window`` is a positive number with an optional unit ``s``, ``m``, ``h`` or ``d``
-     (``15m``, ``900``, ``1.5h``), at most :data:`MAX_WINDOW_S` (31 days). Anything else → 400
-     naming ``window`` and quoting the value.
-  2. ``at`` (the window end) is Unix seconds or an ISO-8601 time (UTC when it carries no zone).
-     Absent → the newest sample in the store, so a historical store is analyzed where its data is.
+  1. ``window`` is a whole number with an optional unit: up to 999999 s (``900``, ``900s``), 9999 m,
+     99 h or 31 d (``15m``, ``6h``, ``7d``): exactly :data:`WINDOW_PATTERN`, which the OpenAPI
+     schema publishes too. Anything else → 400 naming ``window`` and quoting the value.
+  2. ``at`` (the window end) is Unix seconds (up to 10 digits, optional fraction) or an ISO-8601
+     date or time (1970-2099, days 01-28 in the pattern so every match is a real date; UTC when it
+     carries no zone): exactly :data:`AT_PATTERN`. Absent → the newest sample in the store, so a
+     historical store is analyzed where its data is.
   3. A deployment name matches ``[A-Za-z0-9_.:-]{1,128}`` (the config's own pattern); a malformed
      one → 400, an unknown one → 404 listing the known names. (An inferred deployment named after a
      model id with ``/`` cannot be addressed by path: declare it with a name in the config.)
@@ -14,7 +16,6 @@ Rules:
 
 from __future__ import annotations
 
-import math
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -22,11 +23,15 @@ from typing import Any
 from fastapi import HTTPException
 
 NS = 1_000_000_000
-MAX_WINDOW_S = 31 * 86400.0
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_WINDOW = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*")
+WINDOW_PATTERN = r"^([1-9][0-9]{0,5}s?|[1-9][0-9]{0,3}m|[1-9][0-9]?h|([1-9]|[12][0-9]|3[01])d)$"
+AT_PATTERN = (
+    r"^([0-9]{1,10}(\.[0-9]{1,9})?"
+    r"|(19[7-9][0-9]|20[0-9]{2})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"
+    r"(T([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?(Z|[+-](0[0-9]|1[0-4]):[0-5][0-9])?)?)$"
+)
 NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
-_NAME = re.compile(NAME_PATTERN)
+_WINDOW, _AT, _NAME = re.compile(WINDOW_PATTERN), re.compile(AT_PATTERN), re.compile(NAME_PATTERN)
 
 
 class ParamError(HTTPException):
@@ -38,33 +43,24 @@ class ParamError(HTTPException):
 
 def parse_window(text: str, parameter: str = "window") -> float:
     """Rule 1: ``"15m"`` → 900.0 seconds."""
-    m = _WINDOW.fullmatch(text)
-    if not m:
-        raise ParamError(parameter, f"{text!r} is not a duration: use a number with s, m, h or d (e.g. 15m)")
-    seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
-    if not 0 < seconds <= MAX_WINDOW_S:
-        raise ParamError(parameter, f"{text!r} must be > 0 and at most 31d")
-    return seconds
+    if not _WINDOW.fullmatch(text):
+        raise ParamError(
+            parameter,
+            f"{text[:64]!r} is not a window: a whole number with s, m, h or d, at most 31d (e.g. 15m)",
+        )
+    unit = text[-1] if text[-1] in _UNITS else "s"
+    return float(text.rstrip("smhd")) * _UNITS[unit]
 
 
 def parse_at(text: str | None) -> int | None:
     """Rule 2: Unix seconds or ISO-8601 → ns; ``None`` when absent."""
     if text is None or text == "":
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if math.isfinite(value):
-        if not 0 <= value < 4e9:
-            raise ParamError("at", f"{text!r} is outside 1970..2096 in Unix seconds")
-        return int(value * NS)
-    try:
-        dt = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise ParamError("at", f"{text!r} is neither Unix seconds nor an ISO-8601 time") from exc
-    if dt.year < 1970:
-        raise ParamError("at", f"{text!r} is before 1970")
+    if not _AT.fullmatch(text):
+        raise ParamError("at", f"{text[:64]!r} is neither Unix seconds nor an ISO-8601 time (1970-2099)")
+    if "-" not in text:  # ISO-8601 dates always hold a "-"
+        return int(float(text) * NS)
+    dt = datetime.fromisoformat(text)
     return int((dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp() * NS)
 
 

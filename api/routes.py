@@ -22,7 +22,16 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 
 from api import models, service
 from api.auth import require_token
-from api.params import NAME_PATTERN, ParamError, check_name, parse_at, parse_window, unknown_deployment
+from api.params import (
+    AT_PATTERN,
+    NAME_PATTERN,
+    WINDOW_PATTERN,
+    ParamError,
+    check_name,
+    parse_at,
+    parse_window,
+    unknown_deployment,
+)
 from api.query import run_query
 from collector.records import TABLES
 from ioe.readonly import ReadOnlyQueryError
@@ -46,10 +55,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 router = APIRouter(prefix="/api/v1", dependencies=[Depends(read_guard)], responses=_ERRORS)
 
 NameParam = Annotated[str, Path(description="Deployment name", max_length=128, pattern=NAME_PATTERN)]
-WindowParam = Annotated[str, Query(description="Window length: number with s, m, h or d", max_length=32)]
+WindowParam = Annotated[
+    str, Query(description="Window length: whole number with s, m, h or d, up to 31d", pattern=WINDOW_PATTERN)
+]
 AtParam = Annotated[
     str | None,
-    Query(description="Window end: Unix seconds or ISO-8601 (default: newest sample)", max_length=64),
+    Query(description="Window end: Unix seconds or ISO-8601 (default: newest sample)", pattern=AT_PATTERN),
 ]
 PointsParam = Annotated[int, Query(ge=10, le=2000, description="At most this many bins per series")]
 

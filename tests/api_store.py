@@ -2,8 +2,9 @@
 
 One declared deployment ``llama70b`` (2 vLLM engines, TP4 × DP2 on host ``node0``) in the
 ``kv_capacity`` zone (:mod:`gen_telemetry`), whose NCCL communicator has a thermally throttled
-straggler at rank 3 (:mod:`gen_collectives` ``throttled``), plus what the other routes read:
-request spans (planner workload), target health (one engine down) and InfiniBand port rates.
+straggler at rank 3 (:mod:`gen_collectives` ``throttled``), plus what the other routes read: an
+nccl-tests baseline, request spans (planner workload), target health (one engine down) and
+InfiniBand port rates.
 The 15-minute window ending at the newest sample holds all of it.
 """
 
@@ -24,6 +25,7 @@ END_NS = START_NS + 900 * NS  # newest sample: the default window end
 LAYOUT = replace(Layout(), hosts=("node0",), start_ns=START_NS, with_collectives=False)
 IB_TX_BYTES_PER_S = 12.5e9
 SPANS = 200
+BASELINE_BUSBW_GBS = 380.0
 
 
 def build(path: str = ":memory:") -> Store:
@@ -35,7 +37,18 @@ def build(path: str = ":memory:") -> Store:
     st.write("request_spans", _spans())
     st.write("targets", _targets())
     st.write("fabric_samples", _fabric())
+    st.write("nccl_baselines", _baseline())
     return st
+
+
+def _baseline() -> object:
+    """nccl-tests all_reduce_perf on 8 H100s over NVLink: the capability busbw is compared with."""
+    return frame("nccl_baselines", [{
+        "source": "all_reduce_perf", "host": "node0", "op": "all_reduce", "n_gpus": 8,
+        "size_bytes": 1 << 26, "count": 1 << 25, "dtype": "bfloat16", "redop": "sum", "root": -1,
+        "in_place": False, "time_us": 300.0, "algbw_gbs": BASELINE_BUSBW_GBS * 8 / 14,
+        "busbw_gbs": BASELINE_BUSBW_GBS, "wrong": 0, "ts_ns": START_NS,
+    }])  # fmt: skip
 
 
 def _spans() -> object:

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from analyzer.deployments import find_deployment
 from analyzer.latency import window_quantiles
 from api.app import create_app
+from api.params import ParamError, parse_at, parse_window
 from collector.store import Store
 from ioe.settings import Settings
 
@@ -69,7 +70,9 @@ def test_envelope_zone_evidence_cp_headroom_regression(client: TestClient) -> No
     env = body["envelope"]
     assert env["primary"] == "kv_capacity" and 0.5 < env["confidence"] <= 0.99
     kv = next(e for e in env["evidence"] if e["signal"] == "kv_usage_ratio")
-    assert kv["value"] == pytest.approx(0.97, abs=0.005) and kv["verdict"] == "pass" and kv["threshold"] == 0.9
+    assert (
+        kv["value"] == pytest.approx(0.97, abs=0.005) and kv["verdict"] == "pass" and kv["threshold"] == 0.9
+    )
     assert body["headroom"]["kv_sequences_left"] == pytest.approx(3.1, abs=0.2)
     assert {m["metric"] for m in body["regression"]["metrics"]} == {"ttft_seconds", "itl_seconds"}
     assert len(body["load_curve"]) == 15  # 900 s of history in 60 s bins
@@ -79,7 +82,11 @@ def test_envelope_zone_evidence_cp_headroom_regression(client: TestClient) -> No
 def test_window_and_at_move_the_window(client: TestClient) -> None:
     at_s = (START_NS + 600 * NS) / NS
     body = get(client, f"{BASE}/envelope?window=5m&at={at_s:.0f}")
-    assert body["window"] == {"start_ns": START_NS + 300 * NS, "end_ns": START_NS + 600 * NS, "seconds": 300.0}
+    assert body["window"] == {
+        "start_ns": START_NS + 300 * NS,
+        "end_ns": START_NS + 600 * NS,
+        "seconds": 300.0,
+    }
     iso = get(client, f"{BASE}/latency?window=300s&at=2027-01-15T08:02:30")  # = START + 600 s
     assert iso["window"]["end_ns"] == START_NS + 600 * NS
 
@@ -134,21 +141,40 @@ def test_targets(client: TestClient) -> None:
 
 
 @pytest.mark.parametrize(
-    ("path", "status", "parameter", "quoted"),
+    ("query", "parameter", "value"),
     [
-        (f"{BASE}/envelope?window=abc", 400, "window", "'abc'"),
-        (f"{BASE}/envelope?window=0m", 400, "window", "'0m'"),
-        (f"{BASE}/envelope?window=40d", 400, "window", "'40d'"),
-        (f"{BASE}/latency?at=yesterday", 400, "at", "'yesterday'"),
-        (f"{BASE}/latency?at=-5", 400, "at", "'-5'"),
-        ("/api/v1/deployments/nope/envelope", 404, "name", "'nope'"),
+        ("window=abc", "window", "abc"),
+        ("window=0m", "window", "0m"),
+        ("window=40d", "window", "40d"),
+        ("window=1.5h", "window", "1.5h"),
+        ("at=yesterday", "at", "yesterday"),
+        ("at=-5", "at", "-5"),
+        ("at=2026-02-30", "at", "2026-02-30"),
     ],
 )
-def test_bad_parameters_name_the_parameter(
-    client: TestClient, path: str, status: int, parameter: str, quoted: str
+def test_bad_windows_are_refused_naming_the_parameter(
+    client: TestClient, query: str, parameter: str, value: str
 ) -> None:
-    detail = get(client, path, status)["detail"]
-    assert detail["parameter"] == parameter and quoted in detail["message"]
+    (err,) = get(client, f"{BASE}/latency?{query}", 422)["detail"]
+    assert err["loc"] == ["query", parameter] and err["input"] == value and "pattern" in err["msg"]
+
+
+@pytest.mark.parametrize(
+    ("call", "text", "parameter"),
+    [(parse_window, "abc", "window"), (parse_window, "32d", "window"), (parse_at, "2026-13-01", "at")],
+)
+def test_parsers_quote_the_bad_value(call: Any, text: str, parameter: str) -> None:
+    with pytest.raises(ParamError) as got:
+        call(text)
+    assert got.value.status_code == 400
+    assert got.value.detail["parameter"] == parameter and repr(text) in got.value.detail["message"]
+
+
+def test_parsers_read_units_and_times() -> None:
+    assert [parse_window(w) for w in ("900", "900s", "15m", "6h", "31d")] == [900, 900, 900, 21600, 2678400]
+    assert parse_at("1800000000.5") == 1_800_000_000_500_000_000
+    assert parse_at("2027-01-15T08:00") == parse_at("2027-01-15T09:00+01:00") == 1_800_000_000 * NS
+    assert parse_at(None) is None
 
 
 def test_unknown_deployment_lists_known_and_malformed_names_are_refused(client: TestClient) -> None:

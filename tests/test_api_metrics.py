@@ -1,0 +1,102 @@
+"""``/metrics``: the verdict series of docs/metrics.md, their values, and the registries passed in."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from api_store import build
+from conftest import ROOT
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.parser import text_string_to_metric_families
+
+from api.app import create_app
+from ioe.settings import Settings
+
+
+def documented_verdicts() -> set[str]:
+    """Series names in the 'Verdicts' table of docs/metrics.md."""
+    text = (ROOT / "docs" / "metrics.md").read_text()
+    section = text.split("## Verdicts", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `(ioe_[a-z0-9_]+)`", section, flags=re.M))
+
+
+@pytest.fixture(scope="module")
+def scraped() -> Iterator[dict[str, list[tuple[dict[str, str], float]]]]:
+    st = build()
+    own = CollectorRegistry()
+    Counter("ioe_rows_stored", "rows stored", ["table"], registry=own).labels("gpu_samples").inc(42)
+    with TestClient(create_app(Settings(store_path=":memory:"), st, registries=[own])) as c:
+        r = c.get("/metrics")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        text = r.text
+        latency = c.get("/api/v1/deployments/llama70b/latency").json()
+        envelope = c.get("/api/v1/deployments/llama70b/envelope").json()
+    st.close()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    out["_latency"] = [({q["metric"] + str(q["q"]): ""}, q["value_s"]) for q in latency["quantiles"]]
+    out["_cp"] = [({}, envelope["cp"]["cp"])]
+    yield out
+
+
+def one(scraped: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
+    got = [v for lab, v in scraped[name] if all(lab.get(k) == x for k, x in labels.items())]
+    assert len(got) == 1, (name, labels, scraped.get(name))
+    return got[0]
+
+
+def test_every_documented_verdict_series_is_exported(scraped: dict) -> None:
+    documented = documented_verdicts()
+    assert len(documented) == 16
+    # regression ratios are absent here only because the store holds no baseline day
+    exported = {n for n in scraped if n.startswith("ioe_") and not n.startswith("ioe_rows_stored")}
+    assert exported == documented - {"ioe_deployment_p99_regression_ratio"}
+    assert one(scraped, "ioe_rows_stored_total", table="gpu_samples") == 42.0  # registries passed in
+
+
+def test_zone_is_one_hot_with_bounded_labels(scraped: dict) -> None:
+    zones = {lab["zone"]: v for lab, v in scraped["ioe_deployment_zone"]}
+    assert zones == {
+        "compute": 0.0,
+        "hbm_bandwidth": 0.0,
+        "kv_capacity": 1.0,
+        "network": 0.0,
+        "headroom": 0.0,
+    }
+    second = {lab["zone"]: v for lab, v in scraped["ioe_deployment_secondary_zone"]}
+    assert sum(second.values()) == 1.0 and second["hbm_bandwidth"] == 1.0
+    assert 0.5 < one(scraped, "ioe_deployment_zone_confidence_ratio", deployment="llama70b") <= 0.99
+
+
+def test_latency_headroom_and_cp_match_the_api(scraped: dict) -> None:
+    lat = {next(iter(lab)): v for lab, v in scraped["_latency"]}
+    for signal, concept in (("ttft", "ttft_seconds"), ("itl", "itl_seconds")):
+        for q in ("0.5", "0.99"):
+            got = one(scraped, f"ioe_deployment_{signal}_seconds", deployment="llama70b", quantile=q)
+            assert got == pytest.approx(lat[concept + q], rel=1e-5)
+    assert one(scraped, "ioe_deployment_kv_headroom_ratio", deployment="llama70b") == pytest.approx(
+        0.03, abs=0.005
+    )
+    assert one(scraped, "ioe_deployment_kv_headroom_sequences", deployment="llama70b") == pytest.approx(
+        3.1, abs=0.2
+    )
+    assert one(scraped, "ioe_deployment_concurrency", deployment="llama70b") == pytest.approx(100.0, abs=0.5)
+    cp = scraped["_cp"][0][1]
+    assert one(scraped, "ioe_deployment_crossover_concurrency", deployment="llama70b") == pytest.approx(cp)
+
+
+def test_stragglers_and_regression_flags(scraped: dict) -> None:
+    labels = {"deployment": "llama70b", "rank": "3", "host": "node0", "gpu": "3"}
+    assert one(scraped, "ioe_straggler_score", **labels) == pytest.approx(1.0)
+    assert one(scraped, "ioe_straggler", **labels) == 1.0
+    assert len(scraped["ioe_straggler"]) == 1  # only flagged ranks: bounded by the deployment's ranks
+    assert one(scraped, "ioe_deployment_p99_regression", signal="ttft") == 0.0
+    assert one(scraped, "ioe_deployment_collective_exposed_ratio") > 0
+    # median busbw of the throttled scenario (≈197 GB/s) over the 380 GB/s nccl-tests baseline
+    assert one(scraped, "ioe_deployment_collective_busbw_ratio") == pytest.approx(197.38 / 380.0, rel=0.01)
+    assert one(scraped, "ioe_analysis_timestamp_seconds", deployment="llama70b") > 1.7e9
