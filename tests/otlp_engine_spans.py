@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.util.types import AttributeValue
 
 T0_NS = 1_780_000_000_000_000_000
 MS = 1_000_000
@@ -56,7 +57,7 @@ def vllm_spans(n: int, *, seed: int = 1, service: str = "vllm") -> list[Readable
     tracer, memory = _tracer(service, "vllm.tracing", seed)
     for i in range(n):
         start = T0_NS + i * 10 * MS
-        attrs = {
+        attrs: dict[str, AttributeValue] = {
             "gen_ai.response.model": "meta-llama/Llama-3.1-8B-Instruct",
             "gen_ai.request.id": f"cmpl-{i}",
             "gen_ai.request.max_tokens": 256,
@@ -94,7 +95,7 @@ def sglang_spans(n: int, *, seed: int = 2, role: str = "prefill") -> list[Readab
         rid = f"{i:08x}deadbeef"
         ctx = trace.set_span_in_context(room)
         root = tracer.start_span(f"{role} Req {rid[:8]}", start_time=t, context=ctx, attributes={"rid": rid})
-        thread_attrs = {
+        thread_attrs: dict[str, AttributeValue] = {
             "thread_label": "Scheduler",
             "tp_rank": 0,
             "dp_rank": 1,

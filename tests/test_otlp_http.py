@@ -27,7 +27,7 @@ from otlp_engine_spans import sglang_spans, to_otlp_json, to_protobuf, trtllm_sp
 from api.app import create_app
 from collector.sink import Overloaded
 from collector.store import Store
-from ioe.settings import Settings
+from ioe.settings import OtlpSettings, Settings
 from tests.conftest import free_port
 
 PB = {"Content-Type": "application/x-protobuf"}
@@ -64,7 +64,7 @@ def _serve(settings: Settings, store: Store, sink: object = None) -> Iterator[Se
 @pytest.fixture
 def server() -> Iterator[Server]:
     store = Store(":memory:")
-    yield from _serve(Settings(store_path=":memory:", otlp={"max_body_bytes": CAP}), store)
+    yield from _serve(Settings(store_path=":memory:", otlp=OtlpSettings(max_body_bytes=CAP)), store)
     store.close()
 
 
@@ -76,7 +76,7 @@ def _rows(store: Store, where: str = "true") -> dict[str, dict]:
 
 
 def _exporter(url: str, **kw: object) -> OTLPSpanExporter:
-    return OTLPSpanExporter(endpoint=f"{url}/v1/traces", timeout=5, **kw)  # type: ignore[arg-type]
+    return OTLPSpanExporter(endpoint=f"{url}/v1/traces", timeout=5, **kw)  # type: ignore[call-overload]
 
 
 def test_sdk_exporter_gzip_protobuf_all_engines(server: Server) -> None:

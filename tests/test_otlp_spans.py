@@ -168,3 +168,23 @@ def test_malformed_bodies_raise_parse_error_quoting_them(body, decoder, needle) 
     with pytest.raises(ParseError, match=needle) as info:
         decoder(body)
     assert str(info.value).startswith("otlp: ")
+
+
+def test_unmapped_attributes_json_is_compact_sorted_utf8_and_nan_is_null() -> None:
+    req = decode_protobuf(to_protobuf(vllm_spans(1)))
+    span = req.resource_spans[0].scope_spans[0].spans[0]
+    for key, setter in (
+        ("zeta", lambda v: setattr(v, "string_value", "né ✓")),
+        ("alpha", lambda v: setattr(v, "double_value", float("nan"))),
+        ("mid.big", lambda v: setattr(v, "int_value", -(2**63))),
+        ("mid.raw", lambda v: setattr(v, "bytes_value", b"\x00\xff")),
+        ("mid.list", lambda v: v.array_value.values.add(bool_value=True)),
+    ):
+        kv = span.attributes.add(key=key)
+        setter(kv.value)
+    (row,) = request_rows(req).frame.to_dicts()
+    text = row["attributes"]
+    extra = json.loads(text)
+    assert list(extra) == sorted(extra)
+    assert '"alpha":null,' in text and '"zeta":"né ✓"' in text and ", " not in text
+    assert (extra["mid.big"], extra["mid.raw"], extra["mid.list"]) == (-(2**63), "00ff", [True])
