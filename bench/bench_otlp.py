@@ -12,6 +12,9 @@ shortcut). Measurements:
   3. ``loopback``: ``ioe``'s app under uvicorn in a child process pinned to one core
      (``taskset -c 0``), writing a DuckDB file; the client (other core) sends over 127.0.0.1
      with keep-alive.
+  4. ``grpc``: the OTLP/gRPC receiver (:func:`start_grpc_receiver`) in process into
+     ``Store(":memory:")``, called over 127.0.0.1 by a grpcio channel in the same process and
+     on the same pinned core (so, as in 2, the client's cost counts against the server).
 
 Each is reported twice: spans per wall-clock second, and spans per CPU-second of the process
 doing the work (``process_time``; for the loopback child, its utime+stime from ``/proc``). On
@@ -162,6 +165,31 @@ def bench_asgi(bodies: list[bytes], *, gzipped: bool, store_kind: str) -> Rate:
     return Rate((len(payload) - WARMUP) * BATCH, wall_s, cpu_s)
 
 
+def bench_grpc(bodies: list[bytes], store_kind: str) -> Rate:
+    import grpc
+
+    from collector.sources.otlp_grpc import SERVICE, start_grpc_receiver
+
+    store = STORES[store_kind](":memory:")
+    receiver = start_grpc_receiver(store, port=0)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{receiver.port}") as channel:
+            export = channel.unary_unary(f"/{SERVICE}/Export")
+            for body in bodies[:WARMUP]:
+                export(body, timeout=60)
+            wall, cpu = time.perf_counter(), time.process_time()
+            for body in bodies[WARMUP:]:
+                export(body, timeout=60)
+            rate = Rate((len(bodies) - WARMUP) * BATCH, time.perf_counter() - wall, time.process_time() - cpu)
+            for body in bodies[:WARMUP]:
+                export(body, timeout=60)
+    finally:
+        receiver.stop(0)
+    _check_rows(store.count("request_spans"), len(bodies))
+    store.close()
+    return rate
+
+
 def _check_rows(stored: int, requests: int) -> None:
     if stored != requests * BATCH:
         raise RuntimeError(f"expected {requests * BATCH} rows, store has {stored}")
@@ -256,6 +284,8 @@ def main() -> None:
             label = f"ASGI in-process, {'gzip' if gz else 'identity'}, store={kind}"
             runs = [bench_asgi(bodies, gzipped=gz, store_kind=kind) for _ in range(max(args.repeat, 1))]
             _report(label, max(runs, key=lambda r: r.cpu), where)
+        runs = [bench_grpc(bodies, kind) for _ in range(max(args.repeat, 1))]
+        _report(f"gRPC in-process, store={kind}", max(runs, key=lambda r: r.cpu), where)
 
 
 def _best(repeat: int, run: Callable[[], Rate]) -> Rate:
