@@ -2,7 +2,8 @@
 stream vLLM request spans into `ioe sidecar`; the sidecar is killed with SIGKILL mid-stream and
 restarted on the same store file while the exporters retry; then the store is read back.
 
-The claim is exact. Each batch the SDK hands to its exporter is recorded with its result:
+The claim is exact. Each batch the SDK hands to its exporter is recorded with its result (and
+every span created is handed over: the SDK's queue is large enough never to drop one):
   1. every span of a batch the exporter reported SUCCESS is in the store exactly once, with the
      latency it was created with (no loss of acknowledged spans, no double count after retries);
   2. the store holds nothing the test did not create, and a batch that FAILED is all-or-nothing
@@ -234,6 +235,8 @@ def _check(path: Path, streams: dict[str, Stream], killed: float, back: float) -
     created: dict[Key, float] = {}
     for name, stream in streams.items():
         created.update(stream.ttft_s)
+        handed = {k for b in stream.recording.batches for k in b.keys}
+        assert handed == stream.ttft_s.keys(), f"{name}: the SDK dropped spans before exporting them"
         ok = [b for b in stream.recording.batches if b.ok]
         acked = {k for b in ok for k in b.keys}
         assert len(acked) >= 1000, f"{name}: too few spans acknowledged to mean anything"
