@@ -29,8 +29,12 @@ Rules:
  6. The network signals (a)-(c) of the envelope rule 6 are computed here from per-bin load.
  7. Collective evidence: an injected callable (``analyzer.collectives``) wins; otherwise, from
     ``collective_records`` of the deployment's communicators in the window, the collective share is
-    the summed exec time per rank ÷ window (an upper bound of exposed time: overlap is unknown) and
-    busbw is compared with the best nccl-tests busbw for the same op and rank count.
+    mean exec time × collectives issued ÷ window for the median rank (an upper bound of exposed
+    time: overlap is unknown). Collectives issued come from the sequence numbers, (max − min
+    coll_sn) × n/(n − 1), because a record stream may be sampled or filtered (the Inspector skips
+    messages under ``NCCL_INSPECTOR_DUMP_MIN_SIZE_BYTES``); with every record present this is n.
+    busbw is compared with the best nccl-tests busbw for the same op and rank count, else with
+    the catalog's link for the group (NVLink inside a node, the declared fabric across nodes).
  8. Headroom per axis: KV sequences left = running × (1/KV usage − 1) at the current context mix;
     HBM bandwidth left = 1 − DRAM activity / 0.8 (the practical ceiling of REFERENCE §1); fabric
     left = 1 − busbw / capability; SLO distance = SLO − p99 (seconds, negative when violated).
@@ -46,6 +50,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from analyzer import catalog
 from analyzer.deployments import ENGINE_KEY_SQL, Deployment
 from analyzer.latency import NS, binned_quantiles, counter_increases, table_sql
 from analyzer.thresholds import Thresholds
@@ -271,19 +276,30 @@ def collective_evidence(
     if not dep.comm_ids:
         return {}, ""
     row = con.execute(
-        """SELECT sum(exec_us) / greatest(count(DISTINCT (comm_id, rank)), 1), median(busbw_gbs),
-                  mode(op), max(n_ranks), count(*)
-           FROM collective_records WHERE list_contains(?, comm_id)
-             AND coalesce(start_us, dump_ts_us) > ? AND coalesce(start_us, dump_ts_us) <= ?""",
-        [list(dep.comm_ids), start_ns / 1000, end_ns / 1000],
+        """WITH per_rank AS (
+               SELECT comm_id, rank, avg(exec_us) AS mean_us, count(*) AS n,
+                      max(coll_sn) - min(coll_sn) AS sn_span
+               FROM collective_records WHERE list_contains(?, comm_id) AND coll_sn >= 0
+                 AND coalesce(start_us, dump_ts_us) > ? AND coalesce(start_us, dump_ts_us) <= ?
+               GROUP BY comm_id, rank)
+           SELECT median(mean_us * CASE WHEN n > 1 THEN sn_span * n / (n - 1) ELSE n END),
+                  (SELECT median(busbw_gbs) FROM collective_records WHERE list_contains(?, comm_id)),
+                  (SELECT mode(op) FROM collective_records WHERE list_contains(?, comm_id)),
+                  (SELECT max(n_ranks) FROM collective_records WHERE list_contains(?, comm_id)),
+                  sum(n)
+           FROM per_rank""",
+        [list(dep.comm_ids), start_ns / 1000, end_ns / 1000, *([list(dep.comm_ids)] * 3)],
     ).fetchone()
     if not row or not row[4]:
         return {}, ""
     out = {"collective_share_ratio": float(row[0] or 0.0) / ((end_ns - start_ns) / 1000)}
-    cap = _busbw_capability(con, str(row[2] or ""), int(row[3] or 0))
+    cap = _busbw_capability(con, str(row[2] or ""), int(row[3] or 0)) or _catalog_capability(dep)
     if cap and row[1] is not None:
         out.update(busbw_gbs=float(row[1]), capability_gbs=cap, busbw_ratio=float(row[1]) / cap)
-    return out, "collective_records (exec time summed per rank: an upper bound of exposed time)"
+    return out, (
+        "collective_records: mean exec time × collectives issued (coll_sn span), median rank — "
+        "an upper bound of exposed time"
+    )
 
 
 def _busbw_capability(con: duckdb.DuckDBPyConnection, op: str, n_ranks: int) -> float | None:
@@ -293,6 +309,19 @@ def _busbw_capability(con: duckdb.DuckDBPyConnection, op: str, n_ranks: int) -> 
         [op, n_ranks],
     ).fetchone()
     return float(row[0]) if row and row[0] else None
+
+
+def _catalog_capability(dep: Deployment) -> float | None:
+    """Bus bandwidth (GB/s) the deployment's TP group can reach per the hardware catalog: the GPU's
+    scale-up link when the group fits one node (``gpus_per_node`` of the GPU), else the declared
+    inter-node fabric. NCCL's busbw tops out near the link's one-way bandwidth."""
+    try:
+        gpu = catalog.gpu(dep.gpu_type or "")
+        inside = dep.tp * dep.pp <= gpu.domain_gpus and len(dep.nodes) <= 1
+        link = catalog.fabric(gpu.scale_up if inside else (dep.fabric or "ib_ndr"))
+    except KeyError:
+        return None
+    return link.bytes_per_s / 1e9
 
 
 def cp_from_store(

@@ -209,8 +209,8 @@ def _missing(
         out.append("histograms: no TTFT/ITL buckets in the window")
     if not sig.collectives:
         out.append("collectives: no NCCL records or collective evidence (network zone partly unjudged)")
-    if net is None:
-        out.append("analyzer.collectives not wired in: collective share is an upper bound from records")
+    if net is None and sig.collectives and "busbw_ratio" not in sig.collectives:
+        out.append("collectives: no nccl-tests baseline or catalog fabric for busbw vs capability")
     if model is None:
         out.append("latency model not wired in: no measured-vs-expected ITL/TTFT")
     return out

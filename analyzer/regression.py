@@ -6,7 +6,8 @@ axes compared before/after the change point.
 
 Rules:
  1. Baseline window (``regression_baseline``): ``day_before`` = the same window 24 h earlier;
-    ``trailing_7d`` = the 7 days before the window start. p99s are bucket estimates merged over the
+    ``trailing_7d`` = the 7 days before the window start; ``previous_window`` = the window of the
+    same length that ends where this one starts. p99s are bucket estimates merged over the
     deployment's engines (see :mod:`analyzer.latency`).
  2. A metric regressed when p99 now ÷ p99 baseline ≥ ``regression_min_ratio``.
  3. Change point: over the baseline-length span before the window plus the window, split the
@@ -51,7 +52,11 @@ class Regression:
 
 def baseline_window(start_ns: int, end_ns: int, kind: str) -> tuple[int, int]:
     """Rule 1."""
-    return (start_ns - DAY_NS, end_ns - DAY_NS) if kind == "day_before" else (start_ns - 7 * DAY_NS, start_ns)
+    if kind == "day_before":
+        return start_ns - DAY_NS, end_ns - DAY_NS
+    if kind == "previous_window":
+        return 2 * start_ns - end_ns, start_ns
+    return start_ns - 7 * DAY_NS, start_ns
 
 
 def change_point(values: np.ndarray) -> int | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import duckdb
 
-from analyzer import catalog, modelcfg, perf, planner
+from analyzer import catalog, modelcfg, perf, planner, stragglers
 from analyzer.capacity import Layout
 from analyzer.deployments import Deployment
 from analyzer.envelope import analyze_deployment
@@ -49,6 +49,20 @@ def expected_latency_for(dep: Deployment) -> Any:
         return {"itl_s": est.tpot_s, "ttft_s": est.ttft_s}
 
     return expected
+
+
+def straggler_in(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int
+) -> Mapping[str, Any] | None:
+    """The worst straggler on ``dep``'s communicators (the regression's straggler axis), or None."""
+    if not dep.comm_ids:
+        return None
+    found = stragglers.analyze(con, comm_ids=list(dep.comm_ids))
+    worst = [s for ranks in found["origins"].values() for s in ranks]
+    if not worst:
+        return None
+    top = max(worst, key=lambda s: s["blame_us"])
+    return {k: top[k] for k in ("rank", "host", "gpu", "kind", "cause", "blame_us")}
 
 
 def build_report(

@@ -88,4 +88,6 @@ class Thresholds(BaseModel):
     regression_axis_min_change_ratio: float = Field(
         default=0.2, ge=0, description="an axis 'moved' when it changed by at least this fraction"
     )
-    regression_baseline: str = Field(default="day_before", pattern="^(day_before|trailing_7d)$")
+    regression_baseline: str = Field(
+        default="day_before", pattern="^(day_before|trailing_7d|previous_window)$"
+    )

@@ -19,11 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from analyzer.thresholds import Thresholds
 from collector.agent import Agent
 from ioe.report import demo_report, render_report
 from ioe.settings import DeploymentSpec, NodeReaders, Settings, TargetSpec
 from simulate.node import Simulation
 from simulate.spec import demo_deployments
+
+# A demo sees minutes, not days: 5 s bins, and the regression baseline is the run's first half.
+DEMO_THRESHOLDS = Thresholds(bin_s=5.0, regression_baseline="previous_window")
 
 
 def free_port() -> int:
@@ -60,8 +64,7 @@ async def run_demo(
     """Run the whole demo; returns the report that was printed."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix="ioe-demo-"))
     port = port or free_port()
-    horizon = duration_s if duration_s != float("inf") else 600.0
-    sim = Simulation(demo_deployments(max(horizon, warmup_s)), otlp_endpoint=f"http://127.0.0.1:{port}/v1/traces",
+    sim = Simulation(demo_deployments(surge_at_s=warmup_s / 2), otlp_endpoint=f"http://127.0.0.1:{port}/v1/traces",
                      inspector_dir=str(workdir / "nccl"))  # fmt: skip
     agent = Agent(demo_settings(sim, workdir, port))
     echo(f"ioe demo: {len(sim.deployments)} simulated deployments, "
@@ -95,7 +98,7 @@ def _analyze(agent: Agent) -> dict[str, Any]:
     agent.writer.flush_now()
     agent.store.maintain()
     with agent.store.cursor() as cur:
-        return demo_report(cur, window_s=None)
+        return demo_report(cur, window_s=None, th=DEMO_THRESHOLDS)
 
 
 async def _progress(agent: Agent, warmup_s: float, stop: asyncio.Event, echo: Callable[[str], None]) -> bool:

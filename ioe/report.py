@@ -14,20 +14,24 @@ import duckdb
 from analyzer import planner, stragglers
 from analyzer.deployments import list_deployments
 from analyzer.report import build_report, latest_ns, plan_for_deployment
+from analyzer.thresholds import Thresholds
 
 NS = 1_000_000_000
 
 
-def demo_report(con: duckdb.DuckDBPyConnection, window_s: float | None = None) -> dict[str, Any]:
-    """Envelope verdicts (whole stored span unless ``window_s``), stragglers and plans."""
+def demo_report(
+    con: duckdb.DuckDBPyConnection, window_s: float | None = None, th: Thresholds | None = None
+) -> dict[str, Any]:
+    """Envelope verdicts, stragglers and plans; the window defaults to the second half of what is
+    stored, so that a ``previous_window`` regression baseline is the first half."""
     end_ns = latest_ns(con)
     if end_ns is None:
         return {"deployments": [], "stragglers": {}, "plans": {}}
     if window_s is None:
         row = con.execute("SELECT min(ts_ns) FROM engine_samples").fetchone()
-        window_s = max((end_ns - int(row[0])) / NS, 1.0) if row and row[0] else 60.0
+        window_s = max((end_ns - int(row[0])) / NS / 2, 1.0) if row and row[0] else 60.0
     deps = list_deployments(con)
-    report = build_report(con, deps, end_ns, window_s)
+    report = build_report(con, deps, end_ns, window_s, th)
     report["stragglers"] = stragglers.analyze(con)
     report["plans"] = {}
     for dep in deps:

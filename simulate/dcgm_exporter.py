@@ -2,11 +2,14 @@
 
 Counter values are derived from what the engine did in the last window (``window_s``):
 
-1. ``PIPE_TENSOR_ACTIVE`` = FLOPs done / (window × peak): the tensor pipes' busy fraction.
-2. ``DRAM_ACTIVE`` = HBM bytes moved / (window × peak bandwidth), which a real GPU keeps near
-   or below ~0.8 (REFERENCE §1).
-3. ``GR_ENGINE_ACTIVE`` = busy fraction; ``SM_ACTIVE`` = 0.95 × busy (warps waiting on
-   memory count as active, so it is high for compute- and memory-bound work alike).
+1. ``PIPE_TENSOR_ACTIVE`` = 0.9 × the share of the window spent in compute-bound work (the
+   model's compute roofline time): the pipes issue on most, not all, cycles of a GEMM.
+2. ``DRAM_ACTIVE`` = 0.85 × the share of the window spent streaming HBM (the model's memory
+   roofline time), which keeps it under the practical ceiling of ~0.8–0.9 (REFERENCE §1).
+3. ``GR_ENGINE_ACTIVE`` = busy fraction. ``SM_ACTIVE`` weighs the busy time by what ran: 0.95
+   in compute-bound steps (GEMMs fill every SM), 0.6 in memory-bound steps (decode GEMV-style
+   kernels leave SMs without warps while HBM streams), 0.25 during all-reduces (NCCL runs on a
+   few channels' SMs), 0.3 for the rest (launch gaps, sampling).
 4. Intra-node TP traffic is NVLink bytes; traffic to other nodes leaves through the NIC and so
    is PCIe bytes. ``NVLINK_BANDWIDTH_TOTAL`` (field 449) is exported as dcgm-exporter does: a
    MB/s rate of both directions, typed ``counter``.
@@ -101,18 +104,23 @@ class Window:
 
     seconds: float
     busy_s: float
-    flops: float
-    hbm_bytes: float
+    compute_s: float
+    hbm_s: float
+    compute_bound_s: float
+    memory_bound_s: float
+    comm_s: float
     nvlink_bytes: float
     nic_bytes: float
 
 
-def update(gpu: GpuState, w: Window, *, peak_flops: float, peak_bw: float) -> None:
+def update(gpu: GpuState, w: Window) -> None:
     """Rules 1–6: set ``gpu.values`` for the window and advance its cumulative counters."""
     dt = max(w.seconds, 1e-9)
     busy = min(w.busy_s / dt, 1.0)
-    tensor = min(w.flops / (dt * peak_flops), 1.0)
-    dram = min(w.hbm_bytes / (dt * peak_bw), 0.92)
+    rest = max(w.busy_s - w.compute_bound_s - w.memory_bound_s - w.comm_s, 0.0)
+    sm = min((0.95 * w.compute_bound_s + 0.6 * w.memory_bound_s + 0.25 * w.comm_s + 0.3 * rest) / dt, 1.0)
+    tensor = 0.9 * min(w.compute_s / dt, 1.0)
+    dram = 0.85 * min(w.hbm_s / dt, 1.0)
     power = IDLE_W + (TDP_W - IDLE_W) * (0.3 * busy + 0.7 * max(tensor, dram))
     throttled = gpu.clock_ratio < 1.0
     gpu.energy_mj += power * dt * 1000
@@ -137,8 +145,8 @@ def update(gpu: GpuState, w: Window, *, peak_flops: float, peak_bw: float) -> No
         "DCGM_FI_DEV_THERMAL_VIOLATION": round(gpu.thermal_violation_us),
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": round(2 * nv / 1e6),
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE": busy,
-        "DCGM_FI_PROF_SM_ACTIVE": 0.95 * busy,
-        "DCGM_FI_PROF_SM_OCCUPANCY": 0.35 * busy,
+        "DCGM_FI_PROF_SM_ACTIVE": sm,
+        "DCGM_FI_PROF_SM_OCCUPANCY": 0.35 * sm,
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": tensor,
         "DCGM_FI_PROF_DRAM_ACTIVE": dram,
         "DCGM_FI_PROF_PCIE_TX_BYTES": round(nic + 2e6 * busy),

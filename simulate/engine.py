@@ -35,8 +35,6 @@ class StepCost:
     hbm_s: float
     comm_s: float
     comm_bytes_per_gpu: float
-    flops_per_gpu: float
-    hbm_bytes_per_gpu: float
 
 
 StepFn = Callable[[int, int, int], StepCost]
@@ -101,10 +99,10 @@ class Activity:
     busy_s: float = 0.0
     compute_s: float = 0.0
     hbm_s: float = 0.0
+    compute_bound_s: float = 0.0  # steps whose GPU part is the compute roofline
+    memory_bound_s: float = 0.0  # steps whose GPU part is the HBM roofline
     comm_s: float = 0.0
     comm_bytes: float = 0.0
-    flops: float = 0.0
-    hbm_bytes: float = 0.0
     prefill_tokens: int = 0
     decode_tokens: int = 0
 
@@ -215,10 +213,12 @@ class EngineSim:
         a.busy_s += cost.seconds
         a.compute_s += cost.compute_s
         a.hbm_s += cost.hbm_s
+        if cost.compute_s >= cost.hbm_s:
+            a.compute_bound_s += cost.compute_s
+        else:
+            a.memory_bound_s += cost.hbm_s
         a.comm_s += cost.comm_s
         a.comm_bytes += cost.comm_bytes_per_gpu
-        a.flops += cost.flops_per_gpu
-        a.hbm_bytes += cost.hbm_bytes_per_gpu
         a.prefill_tokens += prefill_tokens
         a.decode_tokens += decoders
 

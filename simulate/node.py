@@ -93,7 +93,6 @@ class DeploymentSim:
         self.model: StepModel = step_model(d)
         self.layers = load_model(d.model).layers
         g = catalog_gpu(d.gpu)
-        self.peak_flops, self.peak_bw = g.peak_flops(d.precision), g.hbm_bytes_per_s
         self.registry = VllmRegistry(_hf_name(d.model))
         if self.otlp_endpoint:
             self.spans = SpanEmitter(self.otlp_endpoint, d.name, self.registry.model_name, f"{d.name}-engine")
@@ -115,7 +114,12 @@ class DeploymentSim:
                 a
                 for i, a in enumerate(
                     replay(
-                        trace, speed=d.speed, rate_multiplier=surge, seed=d.seed + replica, max_isl=d.max_isl
+                        trace,
+                        speed=d.speed,
+                        rate_multiplier=surge,
+                        seed=d.seed,
+                        max_isl=d.max_isl,
+                        poisson=d.poisson,
                     )
                 )
                 if i % d.dp == replica
@@ -173,19 +177,24 @@ class DeploymentSim:
         w = dcgm.Window(
             max(t - t0, 1e-3),
             a1.busy_s - a0.busy_s,
-            a1.flops - a0.flops,
-            a1.hbm_bytes - a0.hbm_bytes,
+            a1.compute_s - a0.compute_s,
+            a1.hbm_s - a0.hbm_s,
+            a1.compute_bound_s - a0.compute_bound_s,
+            a1.memory_bound_s - a0.memory_bound_s,
+            a1.comm_s - a0.comm_s,
             comm * (1 - inter),
             comm * inter,
         )
         for g in self.gpus[replica * per : (replica + 1) * per]:
-            dcgm.update(g, w, peak_flops=self.peak_flops, peak_bw=self.peak_bw)
+            dcgm.update(g, w)
 
     def write_collective(self, writer: InspectorWriter, start_s: float, cost: StepCost, tokens: int) -> None:
+        """One TP all-reduce of the step: each rank arrives after its share of the step's GPU work
+        between two all-reduces (1 / (2 × layers) of it), the throttled rank at its clock ratio."""
         d = self.spec
-        nominal = max(cost.compute_s, cost.hbm_s)
+        per_collective = max(cost.compute_s, cost.hbm_s) / max(2 * self.layers, 1)
         gpu_us = [
-            nominal / (d.faults.straggler_clock_ratio if r == d.faults.straggler_gpu else 1.0) * 1e6
+            per_collective / (d.faults.straggler_clock_ratio if r == d.faults.straggler_gpu else 1.0) * 1e6
             for r in range(d.tp)
         ]
         transfer_us = cost.comm_s / max(2 * self.layers, 1) * 1e6
@@ -259,7 +268,8 @@ class Simulation:
 
     def stop(self) -> None:
         self._stop.set()
-        self.httpd.shutdown()
+        if self._threads:  # shutdown() waits for serve_forever, which only runs once started
+            self.httpd.shutdown()
         self.httpd.server_close()
         for d in self.deployments:
             d.close()

@@ -3,12 +3,13 @@
 The embedded demo set (:func:`demo_deployments`) is built so that each deployment sits in a
 different zone of the envelope, by construction of its workload and layout:
 
-1. ``chat-8b``: Llama-3.1-8B, one H100 per replica, DP 2, Azure conversation trace (short
-   prompts, ~130-token answers) → decode-dominated, HBM-bandwidth bound; its load triples
-   half-way through the run (a p99 regression).
-2. ``code-70b``: Llama-3.1-70B TP 4 on H100 NVLink, Azure code trace (long prompts, few output
-   tokens) at a high rate → prefill-heavy, compute bound; GPU 2 is throttled (thermal): a
-   straggler with matching clocks, throttle reasons and temperature.
+1. ``chat-8b``: Llama-3.1-8B, one H100 per replica, DP 2, Azure conversation trace with prompts
+   capped at 512 tokens (a chat front end) → decode-dominated, HBM-bandwidth bound; its load
+   triples half-way through the warm-up (a p99 regression).
+2. ``code-70b``: Llama-3.1-70B TP 4 on H100 NVLink, Azure code trace's requests (long prompts,
+   few output tokens) as a steady Poisson stream → prefill-heavy, compute bound; GPU 2 is
+   throttled (thermal, 80 % clock): a straggler with matching clocks, throttle reasons and
+   temperature.
 3. ``longctx-70b``: Llama-3.1-70B TP 4, Mooncake conversation trace (8–16K-token prompts,
    ~500-token answers) at a rate its KV cache cannot hold → KV-capacity bound (preemptions,
    queueing, TTFT ≈ queue time).
@@ -49,6 +50,7 @@ class SimDeployment:
     workload: str = "azure_conv"
     speed: float = 1.0
     max_isl: int = 0
+    poisson: bool = False  # the trace's request mix at its mean rate, without its bursts
     max_num_seqs: int = 256
     faults: Faults = field(default_factory=Faults)
     seed: int = 0
@@ -65,36 +67,19 @@ class SimDeployment:
         return f"{self.name}-node{gpu_index // self.gpus_per_node}"
 
 
-def demo_deployments(duration_s: float) -> list[SimDeployment]:
-    """The embedded default set (module rules 1–4)."""
+def demo_deployments(surge_at_s: float) -> list[SimDeployment]:
+    """The embedded default set (module rules 1–4); ``chat-8b``'s load surges at ``surge_at_s``."""
+    chat_surge = Faults(surge_at_s=surge_at_s, surge_multiplier=3.0)
+    throttled = Faults(straggler_gpu=2, straggler_clock_ratio=0.8)
     return [
-        SimDeployment(
-            "chat-8b",
-            "llama-3.1-8b",
-            tp=1,
-            dp=2,
-            workload="azure_conv",
-            speed=2.0,
-            faults=Faults(surge_at_s=duration_s / 2, surge_multiplier=3.0),
-            seed=1,
-        ),
-        SimDeployment(
-            "code-70b",
-            "llama-3.1-70b",
-            tp=4,
-            workload="azure_code",
-            speed=1.0,
-            max_isl=6000,
-            faults=Faults(straggler_gpu=2, straggler_clock_ratio=0.7),
-            seed=2,
-        ),
-        SimDeployment(
-            "longctx-70b", "llama-3.1-70b", tp=4, workload="mooncake", speed=0.5, max_num_seqs=256, seed=3
-        ),
-        SimDeployment(
-            "tp16-ib", "llama-3.1-70b", tp=16, workload="azure_conv", speed=2.0, fabric="ib_ndr", seed=4
-        ),
-    ]
+        SimDeployment("chat-8b", "llama-3.1-8b", dp=2, workload="azure_conv", speed=3.0, max_isl=512,
+                      faults=chat_surge, seed=1),
+        SimDeployment("code-70b", "llama-3.1-70b", tp=4, workload="azure_code", speed=2.0, max_isl=6000,
+                      poisson=True, faults=throttled, seed=2),
+        SimDeployment("longctx-70b", "llama-3.1-70b", tp=4, workload="mooncake", speed=0.5, seed=3),
+        SimDeployment("tp16-ib", "llama-3.1-70b", tp=16, workload="azure_conv", speed=1.0, fabric="ib_ndr",
+                      seed=4),
+    ]  # fmt: skip
 
 
 def load_deployments(path: str) -> list[SimDeployment]:

@@ -12,6 +12,10 @@ Replay rules:
 3. ``rate_multiplier(t)`` (a load surge) thins or repeats arrivals deterministically: each
    trace request is emitted ``floor(m)`` times plus once more with probability ``m − floor(m)``
    from a seeded generator.
+4. ``poisson=True`` keeps the trace's requests (their prompt and output lengths, in order) but
+   spaces them as a Poisson process at the trace's mean rate × ``speed`` (seeded): the trace's
+   token mix without its minute-scale bursts (the Azure code trace idles for minutes, then
+   sends hundreds of requests in 30 s).
 """
 
 from __future__ import annotations
@@ -97,14 +101,18 @@ def replay(
     rate_multiplier: Callable[[float], float] = lambda t: 1.0,
     seed: int = 0,
     max_isl: int = 0,
+    poisson: bool = False,
 ) -> Iterator[Arrival]:
-    """Endless arrivals in simulated seconds (rules 1–3); ``max_isl`` caps prompt length if > 0."""
+    """Endless arrivals in simulated seconds (rules 1–4); ``max_isl`` caps prompt length if > 0."""
     rng = random.Random(seed)
     span = trace[-1].t_s + (trace[-1].t_s / max(len(trace) - 1, 1))
-    loop = 0
+    gap_s = span / len(trace)
+    loop, clock = 0, 0.0
     while True:
         for a in trace:
-            t = (a.t_s + loop * span) / speed
+            if poisson:
+                clock += rng.expovariate(1.0 / gap_s)
+            t = (clock if poisson else a.t_s + loop * span) / speed
             m = rate_multiplier(t)
             copies = int(m) + (1 if rng.random() < m - int(m) else 0)
             isl = min(a.isl, max_isl) if max_isl else a.isl

@@ -28,7 +28,9 @@ def simulate(
     from simulate.spec import demo_deployments, load_deployments
 
     try:
-        deployments = load_deployments(str(config)) if config else demo_deployments(duration or 600.0)
+        deployments = (
+            load_deployments(str(config)) if config else demo_deployments(surge_at_s=(duration or 600.0) / 2)
+        )
     except (OSError, ValueError, yaml.YAMLError) as exc:
         typer.echo(f"simulate: {exc}", err=True)
         raise typer.Exit(2) from exc
