@@ -6,6 +6,9 @@ Rules:
      of computing it again: 50 clients asking for one envelope cost one analysis.
   3. An exception is not cached: every waiter gets it, the next caller computes afresh.
   4. At most ``max_entries`` keys are kept; the oldest is evicted first.
+  5. Stale-while-revalidate: past ``ttl_s`` (and up to ``max_stale_s``) the old value is still
+     served to every caller except the one that recomputes it, so a hot key never makes 50
+     clients wait on one analysis; past ``max_stale_s`` callers wait for the fresh value.
 
 One instance belongs to one app (``app.state.cache``): no module-level state.
 """
@@ -24,6 +27,7 @@ class TTLCache:
         self, ttl_s: float = 10.0, max_entries: int = 512, clock: Callable[[], float] = time.monotonic
     ):
         self.ttl_s = ttl_s
+        self.max_stale_s = 6 * ttl_s
         self.max_entries = max_entries
         self.clock = clock
         self._values: OrderedDict[Hashable, tuple[float, Any]] = OrderedDict()
@@ -37,7 +41,13 @@ class TTLCache:
         got = self._fresh(key)
         if got is not None:
             return got[1]
-        with self._key_lock(key):
+        lock = self._key_lock(key)
+        stale = self._fresh(key, self.max_stale_s)
+        if stale is not None and not lock.acquire(blocking=False):
+            return stale[1]  # rule 5: someone else is refreshing it
+        if stale is None:
+            lock.acquire()
+        try:
             got = self._fresh(key)  # rule 2: another caller finished while we waited
             if got is not None:
                 return got[1]
@@ -50,11 +60,13 @@ class TTLCache:
                     old, _ = self._values.popitem(last=False)
                     self._locks.pop(old, None)
             return value
+        finally:
+            lock.release()
 
-    def _fresh(self, key: Hashable) -> tuple[float, Any] | None:
+    def _fresh(self, key: Hashable, age_s: float | None = None) -> tuple[float, Any] | None:
         with self._guard:
             got = self._values.get(key)
-            if got is not None and self.clock() - got[0] < self.ttl_s:
+            if got is not None and self.clock() - got[0] < (self.ttl_s if age_s is None else age_s):
                 self.hits += 1
                 return got
             return None

@@ -7,6 +7,8 @@ Rules:
   2. Every analysis result is cached per (route, deployment, window, options) for
      ``app.state.cache.ttl_s`` seconds; concurrent identical requests share one computation.
   3. Non-finite floats (NaN, ±inf) from the analyzer are served as ``null`` (JSON has no NaN).
+  4. Chart routes cache their validated, serialized body too, so a cache hit costs routing and a
+     copy of bytes, not a validation pass over thousands of points.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import duckdb
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from pydantic import BaseModel
 
 from api import models, service
 from api.auth import require_token
@@ -89,6 +92,17 @@ def cached_on(app: Any, key: tuple[Any, ...], fn: Callable[[duckdb.DuckDBPyConne
             return finite(fn(cur))
 
     return app.state.cache.get(key, compute)
+
+
+def as_json(
+    request: Request, key: tuple[Any, ...], model: type[BaseModel], build: Callable[[], Any]
+) -> Response:
+    """Rule 4: the body validated against ``model`` once, cached as JSON bytes with the analysis."""
+
+    def render() -> bytes:
+        return model.model_validate(build()).model_dump_json().encode()
+
+    return Response(request.app.state.cache.get(("json", *key), render), media_type="application/json")
 
 
 def finite(obj: Any) -> Any:
@@ -171,36 +185,48 @@ def _envelope(request: Request, dep: Any, s: Span) -> dict[str, Any]:
 
 
 @router.get("/deployments/{name}/envelope", response_model=models.Envelope, summary="Envelope verdict")
-def envelope(request: Request, dep: DepDep, s: SpanDep) -> dict[str, Any]:
+def envelope(request: Request, dep: DepDep, s: SpanDep) -> Response:
     """Zone with every signal as evidence, Cp (24 h history), headroom per axis, p99 regressions."""
-    return _envelope(request, dep, s)
+    return as_json(request, ("envelope", dep.name, s), models.Envelope, lambda: _envelope(request, dep, s))
 
 
 @router.get("/deployments/{name}/latency", response_model=models.Latency, summary="Latency quantiles")
-def latency(request: Request, dep: DepDep, s: SpanDep, points: PointsParam = 120) -> dict[str, Any]:
+def latency(request: Request, dep: DepDep, s: SpanDep, points: PointsParam = 120) -> Response:
     """Quantiles of every engine histogram over the window and TTFT/ITL p50/p99 per bin.
 
     All values are **bucket estimates** (linear interpolation inside the histogram bucket)."""
-    got = cached(request, ("latency", dep.name, s, points),
-                 lambda c: service.latency(c, dep, s.start_ns, s.end_ns, points))  # fmt: skip
     note = "bucket estimates: quantiles interpolated inside histogram buckets, not exact"
-    return {"deployment": dep.name, "window": s.window(), "note": note, **got}
+
+    def build() -> dict[str, Any]:
+        got = cached(request, ("latency", dep.name, s, points),
+                     lambda c: service.latency(c, dep, s.start_ns, s.end_ns, points))  # fmt: skip
+        return {"deployment": dep.name, "window": s.window(), "note": note, **got}
+
+    return as_json(request, ("latency", dep.name, s, points), models.Latency, build)
 
 
 @router.get("/deployments/{name}/gpu", response_model=models.GpuSeries, summary="GPU activity series")
-def gpu(request: Request, dep: DepDep, s: SpanDep, points: PointsParam = 120) -> dict[str, Any]:
+def gpu(request: Request, dep: DepDep, s: SpanDep, points: PointsParam = 120) -> Response:
     """SM, tensor and DRAM activity and GPU utilization, downsampled to ``points`` bins."""
-    got = cached(request, ("gpu", dep.name, s, points),
-                 lambda c: service.gpu_series(c, dep, s.start_ns, s.end_ns, points))  # fmt: skip
-    return {"deployment": dep.name, "window": s.window(), **got}
+
+    def build() -> dict[str, Any]:
+        got = cached(request, ("gpu", dep.name, s, points),
+                     lambda c: service.gpu_series(c, dep, s.start_ns, s.end_ns, points))  # fmt: skip
+        return {"deployment": dep.name, "window": s.window(), **got}
+
+    return as_json(request, ("gpu", dep.name, s, points), models.GpuSeries, build)
 
 
 @router.get("/deployments/{name}/fabric", response_model=models.FabricSeries, summary="Fabric series")
-def fabric(request: Request, dep: DepDep, s: SpanDep, points: PointsParam = 120) -> dict[str, Any]:
+def fabric(request: Request, dep: DepDep, s: SpanDep, points: PointsParam = 120) -> Response:
     """NVLink/PCIe bytes/s per GPU and InfiniBand/RoCE bytes/s per node, downsampled."""
-    got = cached(request, ("fabric", dep.name, s, points),
-                 lambda c: service.fabric_series(c, dep, s.start_ns, s.end_ns, points))  # fmt: skip
-    return {"deployment": dep.name, "window": s.window(), **got}
+
+    def build() -> dict[str, Any]:
+        got = cached(request, ("fabric", dep.name, s, points),
+                     lambda c: service.fabric_series(c, dep, s.start_ns, s.end_ns, points))  # fmt: skip
+        return {"deployment": dep.name, "window": s.window(), **got}
+
+    return as_json(request, ("fabric", dep.name, s, points), models.FabricSeries, build)
 
 
 @router.get("/deployments/{name}/collectives", response_model=models.Collectives, summary="Collectives")
@@ -223,9 +249,13 @@ def stragglers(
     slice_s: Annotated[
         float, Query(ge=1, le=3600, description="Persistence slice, seconds")
     ] = STRAGGLER_SLICE_S,
-) -> dict[str, Any]:
+) -> Response:
     """Ranks blamed for peers' waits (robust z + persistence), root cause, rank × time heat map."""
-    return {"deployment": dep.name, "window": s.window(), **_stragglers(request, dep, s, slice_s)}
+
+    def build() -> dict[str, Any]:
+        return {"deployment": dep.name, "window": s.window(), **_stragglers(request, dep, s, slice_s)}
+
+    return as_json(request, ("stragglers", dep.name, s, slice_s), models.Stragglers, build)
 
 
 @router.get("/deployments/{name}/plan", response_model=models.Plan, summary="Re-parallelization plan")

@@ -200,5 +200,5 @@ def test_fifty_concurrent_clients_share_one_analysis(store: Store) -> None:
         for t in threads:
             t.join(timeout=60)
     assert results == [200] * 50
-    # one envelope analysis + the shared "latest" and "deployments" look-ups
-    assert app.state.cache.computed - before == 3
+    # one envelope analysis, its serialized body, and the shared "latest" and "deployments" look-ups
+    assert app.state.cache.computed - before == 4

@@ -1,0 +1,263 @@
+"""API latency under load: envelope and latency routes, 50 concurrent clients, 127.0.0.1.
+
+Goal (issue 7): p99 < 100 ms for ``/envelope`` and ``/latency`` at 50 concurrent clients over a
+store holding 24 h of one 8-GPU node at 1 Hz. The peer is the goal itself (ratio printed).
+
+Store (SYNTHETIC, generated once into a temporary DuckDB file, vectorized): one declared
+deployment (2 vLLM engines, TP4 × DP2, 8 GPUs on one host), load following a day curve; per
+second: 6 DCGM metrics × 8 GPUs, 9 engine gauges/counters × 2 engines, TTFT and ITL histograms
+(vLLM buckets, lognormal) × 2 engines, and an 8-rank AllReduce; then ``Store.maintain`` rolls
+complete minutes up. The server is ``ioe serve --store FILE`` in a child process; the client
+(asyncio + httpx, keep-alive, one connection per client) runs here.
+
+Phases, per route:
+  1. ``cold``: ``--distinct`` sequential requests (one client), each for a different window end
+     (``at``), so each is a full analysis with nothing cached: the cost of a cache miss.
+  2. ``shared``: after one warm-up request, ``--requests`` requests over 50 concurrent clients,
+     all for the default window (15 min ending at the newest sample): what pages and Prometheus
+     ask; the TTL cache makes it one analysis per 10 s, served stale-while-revalidate.
+
+Run: ``.venv/bin/python -m bench.bench_api [--requests N] [--distinct N] [--hours H]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from scipy.special import erf
+
+from collector.records import frame
+from collector.store import Store
+
+NS = 1_000_000_000
+T0_NS = 1_767_225_600 * NS  # 2026-01-01T00:00:00Z
+GPUS, ENGINES, CLIENTS, GOAL_MS = 8, 2, 50, 100.0
+ITL_LE = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, math.inf)
+TTFT_LE = (0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, math.inf)
+DEP = "llama70b"
+
+
+def _cdf(le: float, median: np.ndarray, tail: float) -> np.ndarray:
+    if math.isinf(le):
+        return np.ones_like(median)
+    sigma = math.log(tail) / 2.3263
+    return 0.5 * (1.0 + erf(np.log(le / median) / (sigma * math.sqrt(2.0))))
+
+
+def _load(ts_s: np.ndarray) -> np.ndarray:
+    """Day curve 0..1 (low at night, high mid-day)."""
+    return 0.5 - 0.5 * np.cos(2 * np.pi * ts_s / 86400.0)
+
+
+def _gpu(ts: np.ndarray, x: np.ndarray, rng: np.random.Generator) -> object:
+    series = {"sm_active_ratio": 0.3 + 0.3 * x, "tensor_active_ratio": 0.1 + 0.1 * x,
+              "dram_active_ratio": 0.35 + 0.45 * x, "gpu_util_ratio": 0.9 + 0.05 * x,
+              "sm_clock_mhz": np.full(len(x), 1980.0), "nvlink_tx_bytes_per_s": 2e9 + 3e9 * x}  # fmt: skip
+    cols: dict[str, list] = {k: [] for k in ("ts_ns", "host", "gpu", "uuid", "metric", "value")}
+    for g in range(GPUS):
+        for metric, v in series.items():
+            noisy = v * (1 + 0.02 * rng.standard_normal(len(v))) if metric.endswith("ratio") else v
+            cols["ts_ns"].append(ts)
+            cols["value"].append(noisy)
+            cols["metric"].append(np.full(len(ts), metric, dtype=object))
+            cols["gpu"].append(np.full(len(ts), g))
+            cols["uuid"].append(np.full(len(ts), f"GPU-{DEP}-{g:02d}", dtype=object))
+    n = sum(len(a) for a in cols["ts_ns"])
+    out = {k: np.concatenate(v).tolist() for k, v in cols.items() if v}
+    out["host"] = ["node0"] * n
+    return frame("gpu_samples", out)
+
+
+def _engine(ts: np.ndarray, x: np.ndarray, acc: dict[str, np.ndarray]) -> tuple[object, object]:
+    running = 16 + 48 * x
+    tok_s = 40.0 * running**0.85
+    itl_med, ttft_med = 0.02 + 0.01 * x, 0.15 + 0.2 * x
+    req_s = tok_s / 200.0
+    rates = {"generation_tokens_total": tok_s, "prompt_tokens_total": tok_s, "preemptions_total": 0 * x,
+             "itl_seconds_count": tok_s, "itl_seconds_sum": tok_s * itl_med * 1.1,
+             "ttft_seconds_count": req_s, "ttft_seconds_sum": req_s * ttft_med * 1.2}  # fmt: skip
+    gauges = {"requests_running": running, "requests_waiting": 0.1 * running, "kv_usage_ratio": 0.4 + 0.4 * x}
+    eng: dict[str, list] = {k: [] for k in ("ts_ns", "source", "engine", "concept", "value", "rate_per_s")}
+    hist: dict[str, list] = {
+        k: [] for k in ("ts_ns", "source", "engine", "concept", "le", "cumulative_count")
+    }
+    for e in range(ENGINES):
+        src = f"{DEP}-engine-{e}"
+        for concept, v in {**gauges, **rates}.items():
+            if concept in rates:
+                key = f"{e}:{concept}"
+                v = acc.get(key, 0.0) + np.cumsum(rates[concept])
+                acc[key] = v[-1]
+            _extend(eng, ts, src, e, concept, v, rate=rates.get(concept))
+        for concept, les, n, med, tail in (("itl_seconds", ITL_LE, tok_s, itl_med, 1.8),
+                                           ("ttft_seconds", TTFT_LE, req_s, ttft_med, 2.0)):  # fmt: skip
+            for le in les:
+                key = f"{e}:{concept}:{le}"
+                c = acc.get(key, 0.0) + np.cumsum(n * _cdf(le, med, tail))
+                acc[key] = c[-1]
+                _extend(hist, ts, src, e, concept, np.round(c, 3), le=le)
+    return frame("engine_samples", _flat(eng)), frame("histogram_buckets", _flat(hist))
+
+
+def _extend(cols: dict[str, list], ts: np.ndarray, src: str, e: int, concept: str, v: np.ndarray,
+            rate: np.ndarray | None = None, le: float | None = None) -> None:  # fmt: skip
+    n = len(ts)
+    cols["ts_ns"].append(ts)
+    cols["source"].append(np.full(n, src, dtype=object))
+    cols["engine"].append(np.full(n, str(e), dtype=object))
+    cols["concept"].append(np.full(n, concept, dtype=object))
+    if le is None:
+        cols["value"].append(v)
+        cols["rate_per_s"].append(rate if rate is not None else np.full(n, np.nan))
+    else:
+        cols["le"].append(np.full(n, le))
+        cols["cumulative_count"].append(v)
+
+
+def _flat(cols: dict[str, list]) -> dict[str, list]:
+    out = {k: np.concatenate(v).tolist() for k, v in cols.items()}
+    if "rate_per_s" in out:
+        out["rate_per_s"] = [None if isinstance(r, float) and math.isnan(r) else r for r in out["rate_per_s"]]
+    return out
+
+
+def _deployment() -> object:
+    spec = {"targets": [f"{DEP}-engine-{e}" for e in range(ENGINES)],
+            "gpus": [f"GPU-{DEP}-{g:02d}" for g in range(GPUS)]}  # fmt: skip
+    return frame("deployments", [{"name": DEP, "model": "llama-3.1-70b", "gpu_type": "h100_sxm", "tp": 4,
+                                  "pp": 1, "dp": 2, "ep": 1, "roles": "{}", "nodes": '["node0"]',
+                                  "fabric": "nvlink4", "engine": "vllm", "origin": "config",
+                                  "spec": json.dumps(spec), "updated_ns": T0_NS}])  # fmt: skip
+
+
+def _collectives(ts: np.ndarray, sn0: int, rng: np.random.Generator) -> object:
+    n = len(ts)
+    start = (ts / 1000.0)[:, None] + rng.normal(0, 20.0, size=(n, GPUS))
+    stop = start.max(axis=1, keepdims=True) + 300.0
+    ranks = np.tile(np.arange(GPUS), n)
+    return frame("collective_records", {
+        "origin": ["inspector"] * (n * GPUS), "comm_id": ["0xbench"] * (n * GPUS),
+        "coll_sn": np.repeat(np.arange(sn0, sn0 + n), GPUS).tolist(), "rank": ranks.tolist(),
+        "kind": ["coll"] * (n * GPUS), "n_ranks": [GPUS] * (n * GPUS), "host": ["node0"] * (n * GPUS),
+        "op": ["AllReduce"] * (n * GPUS), "msg_bytes": [1 << 26] * (n * GPUS),
+        "exec_us": (stop - start).ravel().tolist(), "busbw_gbs": [200.0] * (n * GPUS),
+        "start_us": start.ravel().tolist(), "stop_us": np.broadcast_to(stop, start.shape).ravel().tolist(),
+    })  # fmt: skip
+
+
+def generate(path: Path, hours: float) -> dict[str, int]:
+    """Write ``hours`` of 1 Hz telemetry into a new store at ``path``; returns row counts."""
+    rng = np.random.default_rng(7)
+    acc: dict[str, np.ndarray] = {}
+    with Store(path) as st:
+        st.write("deployments", _deployment())
+        for h in range(math.ceil(hours)):
+            secs = np.arange(h * 3600 + 1, min((h + 1) * 3600, hours * 3600) + 1)
+            ts = T0_NS + secs.astype(np.int64) * NS
+            x = _load(secs.astype(float))
+            st.write("gpu_samples", _gpu(ts, x, rng))
+            eng, hist = _engine(ts, x, acc)
+            st.write("engine_samples", eng)
+            st.write("histogram_buckets", hist)
+            st.write("collective_records", _collectives(ts[::10], h * 360, rng))  # one every 10 s
+        st.maintain(now_ns=T0_NS + int(hours * 3600) * NS + 60 * NS)
+        st.checkpoint()
+        return st.counts()
+
+
+async def _client(c: httpx.AsyncClient, paths: list[str], out: list[float]) -> None:
+    for p in paths:
+        t = time.perf_counter()
+        r = await c.get(p)
+        out.append((time.perf_counter() - t) * 1e3)
+        if r.status_code != 200:
+            raise RuntimeError(f"{p}: {r.status_code} {r.text[:200]}")
+
+
+async def load(base: str, paths: list[str], clients: int) -> tuple[list[float], float]:
+    """``paths`` split over ``clients`` concurrent keep-alive clients; latencies in ms."""
+    out: list[float] = []
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=base, timeout=300, limits=limits) as c:
+        t = time.perf_counter()
+        await asyncio.gather(*(_client(c, paths[i::clients], out) for i in range(clients)))
+        return out, time.perf_counter() - t
+
+
+def _pct(ms: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(ms), q))
+
+
+def serve(store: Path, port: int) -> subprocess.Popen[bytes]:
+    ioe = Path(sys.executable).with_name("ioe")
+    proc = subprocess.Popen([str(ioe), "serve", "--store", str(store), "--port", str(port)])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("ioe serve did not become ready in 60 s")
+
+
+def run(requests: int, distinct: int, hours: float) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp) / "bench.duckdb"
+        t = time.perf_counter()
+        counts = generate(store, hours)
+        size = store.stat().st_size / 2**20
+        print(f"store: {hours:g} h, {counts['gpu_samples']:,} gpu_samples, "
+              f"{counts['engine_samples']:,} engine, {counts['histogram_buckets']:,} buckets, "
+              f"{counts['collective_records']:,} collective rows, "
+              f"{size:.0f} MiB, generated in {time.perf_counter() - t:.0f} s")  # fmt: skip
+        port = 20000 + os.getpid() % 20000
+        proc = serve(store, port)
+        try:
+            _phases(f"http://127.0.0.1:{port}", requests, distinct, hours)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def _phases(base: str, requests: int, distinct: int, hours: float) -> None:
+    end_s = T0_NS // NS + int(hours * 3600)
+    print(f"{'phase':<9} {'route':<10} {'reqs':>5} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'req/s':>7} "
+          f"{'p99/goal':>8}")  # fmt: skip
+    for route in ("envelope", "latency"):
+        path = f"/api/v1/deployments/{DEP}/{route}?window=15m"
+        cold = [f"{path}&at={end_s - 3600 - 7 * i}" for i in range(distinct)]
+        _row("cold", route, *asyncio.run(load(base, cold, clients=1)))
+        asyncio.run(load(base, [path], clients=1))  # warm-up: the first analysis of the default window
+        _row("shared", route, *asyncio.run(load(base, [path] * requests, clients=CLIENTS)))
+
+
+def _row(phase: str, route: str, ms: list[float], wall: float) -> None:
+    p99 = _pct(ms, 99)
+    print(f"{phase:<9} {route:<10} {len(ms):>5} {_pct(ms, 50):>8.1f} {p99:>8.1f} {max(ms):>8.1f} "
+          f"{len(ms) / wall:>7.0f} {p99 / GOAL_MS:>8.2f}")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=2000, help="requests per route and phase")
+    ap.add_argument("--distinct", type=int, default=3, help="cold requests per route (distinct windows)")
+    ap.add_argument("--hours", type=float, default=24.0)
+    args = ap.parse_args()
+    run(args.requests, args.distinct, args.hours)
+
+
+if __name__ == "__main__":
+    main()
