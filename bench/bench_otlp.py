@@ -10,8 +10,9 @@ shortcut). Measurements:
      through ``httpx.ASGITransport`` into ``Store(":memory:")``; the client runs in the same
      process and on the same pinned core, so its cost is counted against the server.
   3. ``loopback``: ``ioe``'s app under uvicorn in a child process pinned to one core
-     (``taskset -c 0``), writing a DuckDB file; the client (other core) sends over 127.0.0.1
-     with keep-alive.
+     (``taskset -c 0``), writing a DuckDB file through the sidecar's ``DirectSink`` (a span
+     is answered only once committed); ``--clients`` keep-alive connections (another core)
+     send over 127.0.0.1 at once, like several engines exporting.
   4. ``grpc``: the OTLP/gRPC receiver (:func:`start_grpc_receiver`) in process into
      ``Store(":memory:")``, called over 127.0.0.1 by a grpcio channel in the same process and
      on the same pinned core (so, as in 2, the client's cost counts against the server).
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +197,7 @@ def _check_rows(stored: int, requests: int) -> None:
         raise RuntimeError(f"expected {requests * BATCH} rows, store has {stored}")
 
 
-def bench_loopback(bodies: list[bytes], store_kind: str) -> Rate:
+def bench_loopback(bodies: list[bytes], store_kind: str, clients: int) -> Rate:
     from tests.conftest import free_port
 
     port = free_port()
@@ -206,14 +208,13 @@ def bench_loopback(bodies: list[bytes], store_kind: str) -> Rate:
         proc = subprocess.Popen(cmd, env=env)
         try:
             _wait_up(port)
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-                _send(client, bodies[:WARMUP])
-                wall, cpu = time.perf_counter(), _cpu_of(proc.pid)
-                _send(client, bodies[WARMUP:])
-                rate = Rate(
-                    (len(bodies) - WARMUP) * BATCH, time.perf_counter() - wall, _cpu_of(proc.pid) - cpu
-                )
-                _send(client, bodies[:WARMUP])
+            url = f"http://127.0.0.1:{port}"
+            _send(url, bodies[:WARMUP])
+            wall, cpu = time.perf_counter(), _cpu_of(proc.pid)
+            with ThreadPoolExecutor(clients) as pool:  # like several engines exporting at once
+                list(pool.map(lambda i: _send(url, bodies[WARMUP + i :: clients]), range(clients)))
+            rate = Rate((len(bodies) - WARMUP) * BATCH, time.perf_counter() - wall, _cpu_of(proc.pid) - cpu)
+            _send(url, bodies[:WARMUP])
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -223,9 +224,10 @@ def bench_loopback(bodies: list[bytes], store_kind: str) -> Rate:
     return rate
 
 
-def _send(client: httpx.Client, bodies: list[bytes]) -> None:
-    for body in bodies:
-        client.post("/v1/traces", content=body, headers=HEADERS).raise_for_status()
+def _send(url: str, bodies: list[bytes]) -> None:
+    with httpx.Client(base_url=url, timeout=60) as client:  # one keep-alive connection
+        for body in bodies:
+            client.post("/v1/traces", content=body, headers=HEADERS).raise_for_status()
 
 
 def _cpu_of(pid: int) -> float:
@@ -250,10 +252,11 @@ def serve(port: int) -> None:
     import uvicorn
 
     from api.app import create_app
+    from collector.writer import DirectSink
     from ioe.settings import Settings
 
     store = STORES[os.environ["IOE_BENCH_STORE_KIND"]](os.environ["IOE_BENCH_STORE"])
-    app = create_app(Settings(store_path=store.path), store)
+    app = create_app(Settings(store_path=store.path), store, sink=DirectSink(store))  # as `ioe sidecar`
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=5)
     store.close()
 
@@ -263,6 +266,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=42)
     ap.add_argument("--serve", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--repeat", type=int, default=3, help="in-process runs; the best is shown")
+    ap.add_argument("--clients", type=int, default=4, help="concurrent loopback clients")
     ap.add_argument("--no-loopback", action="store_true")
     args = ap.parse_args()
     if args.serve:
@@ -274,8 +278,9 @@ def main() -> None:
     if not args.no_loopback:
         pin(1)
         for kind in STORES:
+            rate = bench_loopback(bodies, kind, args.clients)
             _report(
-                f"HTTP loopback, uvicorn, store={kind}", bench_loopback(bodies, kind), "server taskset -c 0"
+                f"HTTP loopback, uvicorn, store={kind}", rate, f"server taskset -c 0; {args.clients} clients"
             )
     where = pin(0)
     _report("decode only (parser)", _best(args.repeat, lambda: bench_decode(bodies)), where)
