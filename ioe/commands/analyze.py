@@ -3,7 +3,7 @@
 ``ioe analyze --store FILE [--deployment D] [--window 15m] [--at TIME] [--json]``. The command is a
 typer group (``invoke_without_command``) so sub-commands such as ``ioe analyze stragglers`` can be
 added beside the default report. It opens the store read-only and prints; the analysis itself is
-:func:`analyzer.envelope.analyze_deployment` and :func:`analyzer.regression.p99_regression`.
+:func:`analyzer.report.build_report` (the same objects the API serves).
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from typing import Any
 
 import typer
 
-from analyzer.deployments import Deployment, find_deployment, list_deployments
-from analyzer.envelope import analyze_deployment
-from analyzer.thresholds import Thresholds
+from analyzer.deployments import find_deployment, list_deployments
+from analyzer.report import build_report, latest_ns
 from ioe.readonly import open_readonly
 
 NS = 1_000_000_000
@@ -48,28 +47,6 @@ def parse_time(text: str) -> int:
     return int((dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp() * NS)
 
 
-def _latest_ns(con: Any) -> int | None:
-    row = con.execute(
-        "SELECT greatest(coalesce((SELECT max(ts_ns) FROM engine_samples), 0),"
-        " coalesce((SELECT max(ts_ns) FROM gpu_samples), 0))"
-    ).fetchone()
-    return int(row[0]) if row and row[0] else None
-
-
-def build_report(con: Any, deps: list[Deployment], end_ns: int, window_s: float) -> dict[str, Any]:
-    """The JSON document ``--json`` prints (the API serves the same objects)."""
-    from analyzer.regression import p99_regression
-
-    th = Thresholds()
-    start_ns = end_ns - int(window_s * NS)
-    out = []
-    for dep in deps:
-        report = analyze_deployment(con, dep, start_ns, end_ns, th)
-        report["regression"] = p99_regression(con, dep, start_ns, end_ns, th).as_dict()
-        out.append(report)
-    return {"window": {"start_ns": start_ns, "end_ns": end_ns, "seconds": window_s}, "deployments": out}
-
-
 def _text(report: dict[str, Any]) -> str:
     lines = []
     for d in report["deployments"]:
@@ -95,7 +72,7 @@ def _text(report: dict[str, Any]) -> str:
 @analyze_app.callback(invoke_without_command=True)
 def analyze(
     ctx: typer.Context,
-    store: Path = typer.Option(..., "--store", help="DuckDB store file."),
+    store: Path | None = typer.Option(None, "--store", help="DuckDB store file."),
     deployment: str | None = typer.Option(None, "--deployment", help="Only this deployment."),
     window: str = typer.Option("15m", "--window", help="Window length (s, m, h, d)."),
     at: str | None = typer.Option(
@@ -106,13 +83,15 @@ def analyze(
     """Print each deployment's zone with its evidence, Cp, headroom and p99 regressions."""
     if ctx.invoked_subcommand is not None:
         return
+    if store is None:
+        raise typer.BadParameter("--store is required", param_hint="--store")
     window_s = parse_duration(window)
     if not store.exists():
         typer.echo(f"store {store}: no such file", err=True)
         raise typer.Exit(2)
     con = open_readonly(store)
     try:
-        end_ns = parse_time(at) if at else _latest_ns(con)
+        end_ns = parse_time(at) if at else latest_ns(con)
         if end_ns is None:
             typer.echo(f"store {store}: no engine or GPU samples to analyze", err=True)
             raise typer.Exit(1)
@@ -129,4 +108,7 @@ def analyze(
 
 
 def register(app: typer.Typer) -> None:
+    from ioe.commands.stragglers import stragglers_command
+
+    analyze_app.command("stragglers")(stragglers_command)
     app.add_typer(analyze_app, name="analyze")
