@@ -20,6 +20,8 @@ def serve(
 
     from api.app import create_app
     from collector.agent import open_store
+    from collector.maintenance import Maintainer
+    from collector.store import Retention
 
     try:
         settings = load_settings(config, args={"store_path": store, "listen_port": port, "listen_host": host})
@@ -28,6 +30,9 @@ def serve(
         raise typer.Exit(2) from exc
     st = open_store(settings)
     app = create_app(settings, st)
+    maintainer = Maintainer(st, settings.maintenance_interval_s,
+                            Retention(settings.raw_retention_s, settings.rollup_retention_s))  # fmt: skip
+    maintainer.start()
     typer.echo(
         f"ioe serve: store {settings.store_path} on http://{settings.listen_host}:{settings.listen_port}",
         err=True,
@@ -41,6 +46,7 @@ def serve(
             timeout_graceful_shutdown=2,
         )
     finally:
+        maintainer.stop()
         st.close()
 
 
