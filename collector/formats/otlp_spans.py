@@ -107,6 +107,11 @@ _MAPPED: dict[str, tuple[str, str, int]] = {
     **{k: ("t", c, rank) for c, keys in TEXT_ATTRS.items() for rank, k in enumerate(keys)},
 }
 _SCALARS = frozenset({"string_value", "int_value", "double_value", "bool_value"})
+_EXPECTED: dict[str, str] = {  # attribute name -> the AnyValue member it normally uses
+    **{k: "double_value" for k in LATENCY_ATTRS},
+    **{k: "int_value" for k in TOKEN_ATTRS},
+    **{k: "string_value" for keys in TEXT_ATTRS.values() for k in keys},
+}
 _ENGINE_WORDS = (
     ("vllm", "vllm"),
     ("sglang", "sglang"),
@@ -255,13 +260,24 @@ def any_value(v: AnyValue) -> Any:
 
 
 def attributes(kvs: Any) -> dict[str, Any]:
-    """Repeated ``KeyValue`` → dict (a repeated key keeps its last value)."""
+    """Repeated ``KeyValue`` → dict (a repeated key keeps its last value).
+
+    A mapped attribute's value is first read as the type it should have (:data:`_EXPECTED`):
+    a oneof member read as non-zero / non-empty is the member that is set, so that read is
+    the value; otherwise (zero, unset, another type) the oneof is asked which member is set.
+    Same result, without the costlier ``WhichOneof`` for the usual well-typed value.
+    """
     out: dict[str, Any] = {}
+    expected = _EXPECTED.get
     kv: KeyValue
     for kv in kvs:
-        value = kv.value
+        key, value = kv.key, kv.value
+        member = expected(key)
+        if member is not None and (got := getattr(value, member)):
+            out[key] = got
+            continue
         kind = value.WhichOneof("value")
-        out[kv.key] = getattr(value, kind) if kind in _SCALARS else any_value(value)
+        out[key] = getattr(value, kind) if kind in _SCALARS else any_value(value)
     return out
 
 
