@@ -188,3 +188,27 @@ def test_unmapped_attributes_json_is_compact_sorted_utf8_and_nan_is_null() -> No
     assert list(extra) == sorted(extra)
     assert '"alpha":null,' in text and '"zeta":"né ✓"' in text and ", " not in text
     assert (extra["mid.big"], extra["mid.raw"], extra["mid.list"]) == (-(2**63), "00ff", [True])
+
+
+@pytest.mark.parametrize(
+    ("key", "member", "value", "column", "stored"),
+    [
+        ("gen_ai.latency.e2e", "int_value", 2, "e2e_s", 2.0),  # an integer number of seconds
+        ("gen_ai.latency.time_to_first_token", "double_value", 0.0, "ttft_s", 0.0),
+        ("gen_ai.usage.prompt_tokens", "int_value", 0, "input_tokens", 0),
+        ("gen_ai.usage.completion_tokens", "double_value", 7.0, "output_tokens", 7),
+        ("gen_ai.response.model", "string_value", "", "model", "meta-llama/Llama-3.1-8B-Instruct"),
+    ],
+)
+def test_zero_and_other_typed_values_of_mapped_attributes(key, member, value, column, stored) -> None:  # type: ignore[no-untyped-def]
+    req = decode_protobuf(to_protobuf(vllm_spans(1)))
+    span = req.resource_spans[0].scope_spans[0].spans[0]
+    if key == "gen_ai.response.model":  # an empty response model falls back to the request's
+        span.attributes.add(key="gen_ai.request.model").value.string_value = stored
+    for kv in span.attributes:
+        if kv.key == key:
+            kv.value.Clear()
+            setattr(kv.value, member, value)
+    got = request_rows(req)
+    assert got.rejected == []
+    assert got.frame.row(0, named=True)[column] == stored
