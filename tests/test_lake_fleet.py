@@ -124,27 +124,30 @@ def test_replayed_batch_inserts_nothing_and_null_keys_are_refused(lake: dict[str
             assert cur.execute("SELECT target, up, samples_last FROM targets").fetchall() == [("a", False, 7)]
 
 
+BATCHES = 60  # ~15 s of writing: long enough for a maintenance pass to overlap it on a loaded machine
+
+
 def test_four_writer_processes_and_concurrent_maintenance_lose_nothing(lake: dict[str, str]) -> None:
     hosts = [f"node{i}" for i in range(4)]
-    procs = {h: _writer(lake, h, 0, 30, interval=0.2, pause=0.08) for h in hosts}
+    procs = {h: _writer(lake, h, 0, BATCHES, interval=0.2, pause=0.08) for h in hosts}
     with LakeStore(_cfg(lake, lake["spool"] + "-reader", background=False)) as reader:
         seen: list[int] = []
-        passes = 0
+        overlapped = 0  # maintenance passes that ended with writers still writing
         while any(p.poll() is None for p in procs.values()):
             # The reader reads while maintenance (rollups, compaction, expiry) runs under writers.
             reader.maintain(now_ns=10 * NS_PER_MIN, retention=Retention(raw_s=1e9, rollup_s=1e9))
-            passes += 1
-            print("pass", passes, time.monotonic())
+            overlapped += any(p.poll() is None for p in procs.values())
             seen.append(reader.count("gpu_samples"))
         outs = {h: p.communicate(timeout=60) for h, p in procs.items()}
         for h, (out, err) in outs.items():
             assert procs[h].returncode == 0, err[-2000:]
             lines = out.splitlines()
-            assert [x for x in lines if x.startswith("ACK")] == [f"ACK {b}" for b in range(30)]
+            assert [x for x in lines if x.startswith("ACK")] == [f"ACK {b}" for b in range(BATCHES)]
             assert lines[-1].startswith("DONE ")
-        assert passes >= 2 and seen == sorted(seen)  # never saw rows vanish
+        # on a loaded 2-core machine one pass can outlast the writers: one overlapping pass suffices
+        assert overlapped >= 1 and seen == sorted(seen)  # never saw rows vanish
         for h in hosts:
-            _check_host(reader, h, set(range(30)))
+            _check_host(reader, h, set(range(BATCHES)))
         reader.maintain(now_ns=10 * NS_PER_MIN, retention=Retention(raw_s=1e9, rollup_s=1e9))
         with reader.cursor() as cur:
             got = cur.execute(
@@ -152,8 +155,8 @@ def test_four_writer_processes_and_concurrent_maintenance_lose_nothing(lake: dic
                 "WHERE metric = ? GROUP BY host",
                 [METRIC],
             ).fetchall()
-    # All rows lie in minute 0 (ts_ns < 12000 ns): one rollup row per host, n = every sample.
-    assert sorted(got) == [(h, 30 * ROWS, 0.0, 0.999, 1) for h in hosts]
+    # All rows lie in minute 0 (ts_ns < 24000 ns): one rollup row per host, n = every sample.
+    assert sorted(got) == [(h, BATCHES * ROWS, 0.0, 0.999, 1) for h in hosts]
 
 
 def _acks(stream: object, into: list[int]) -> None:
