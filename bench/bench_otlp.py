@@ -21,10 +21,9 @@ Each is reported twice: spans per wall-clock second, and spans per CPU-second of
 doing the work (``process_time``; for the loopback child, its utime+stime from ``/proc``). On
 a shared machine the second is the honest "one core" capacity; on a quiet one they agree.
 
-``store=proposed`` rows use :class:`PlainFirstStore`, a proposal for ``collector/store.py``
-(not used by IOE): DuckDB ``threads`` = the CPUs the process may run on (1 when pinned; the
-default is every core of the machine), and a plain ``INSERT`` first, ``INSERT OR IGNORE`` only
-when it hits a key conflict. Every run checks the row count, and that re-sending two requests
+The store is ``collector.store.Store`` (plain ``INSERT`` first, ``OR IGNORE`` only on a key
+conflict; DuckDB threads = the CPUs the process may run on, both adopted after this benchmark
+measured them as a proposal). Every run checks the row count, and that re-sending two requests
 adds no rows. In-process figures are the best of ``--repeat`` runs (the machine is shared).
 
 Run: ``.venv/bin/python -m bench.bench_otlp [--batches N] [--repeat N] [--no-loopback]``.
@@ -47,10 +46,7 @@ from typing import Any
 
 import duckdb
 import httpx
-import polars as pl
-import pyarrow as pa
 
-from collector.records import REPLACE_TABLES, TABLES
 from collector.store import Store
 
 GOAL_SPANS_PER_S = 20_000
@@ -59,40 +55,7 @@ HEADERS = {"Content-Type": "application/x-protobuf"}
 WARMUP = 2
 
 
-class PlainFirstStore(Store):
-    """Proposal (bench only): skip DuckDB's slower ``OR IGNORE`` path unless a key conflicts.
-
-    A plain ``INSERT`` of a batch with a duplicate key fails as a whole (nothing is written),
-    then the batch is inserted again with ``OR IGNORE``: same rows, same count as ``Store``.
-    """
-
-    def __init__(self, path: str):
-        super().__init__(path)
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        self.con.execute(f"SET threads = {cpus}")
-
-    def write(self, table: str, batch: pl.DataFrame | pa.Table) -> int:
-        if table in REPLACE_TABLES:
-            return super().write(table, batch)
-        arrow = batch.to_arrow() if isinstance(batch, pl.DataFrame) else batch
-        if arrow.num_rows == 0:
-            return 0
-        cols = ", ".join(TABLES[table].column_names)
-        with self._lock:
-            cur = self.con.cursor()
-            try:
-                cur.register("_batch", arrow)
-                try:
-                    got = cur.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _batch").fetchone()
-                except duckdb.ConstraintException:
-                    sql = f"INSERT OR IGNORE INTO {table} ({cols}) SELECT {cols} FROM _batch"
-                    got = cur.execute(sql).fetchone()
-            finally:
-                cur.close()
-        return int(got[0]) if got else 0
-
-
-STORES: dict[str, Callable[[str], Store]] = {"as-is": Store, "proposed": PlainFirstStore}
+STORES: dict[str, Callable[[str], Store]] = {"store": Store}
 
 
 def make_bodies(batches: int) -> list[bytes]:
