@@ -80,3 +80,43 @@ def test_the_plan_says_what_a_change_buys(demo_run) -> None:
     assert plan["candidates"][0]["tp"] <= 8  # TP kept inside one NVLink node
     assert "goodput +" in plan["verdict"]
     assert "page and API at http://127.0.0.1:" in text
+
+
+def test_demo_serves_the_page_while_running_and_stops_cleanly_on_ctrl_c(tmp_path) -> None:
+    import re
+    import signal
+    import time
+
+    import httpx
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ioe", "demo", "--warmup", "600", "--workdir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        url = None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if m := re.search(r"page and API at (http://127\.0\.0\.1:\d+/)", line):
+                url = m.group(1)
+                break
+        assert url, "the demo never printed its address"
+        deadline = time.monotonic() + 60
+        names: list[str] = []
+        while time.monotonic() < deadline and len(names) < 4:
+            time.sleep(1)
+            try:
+                got = httpx.get(url + "api/v1/deployments", timeout=10)
+            except httpx.HTTPError:
+                continue
+            if got.status_code == 200:
+                names = sorted(d["deployment"]["name"] for d in got.json()["deployments"])
+        assert names == sorted(BUILT_TO_SHOW)
+        page = httpx.get(url, timeout=10)
+        assert page.status_code == 200 and "<html" in page.text.lower()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
