@@ -1,4 +1,9 @@
-"""Every dashboard query, run against a real Prometheus that scrapes real fixtures: no error, no empty target.
+"""Every dashboard query against a real Prometheus scraping recorded fixtures: no error, no empty target.
+
+This is the FIXTURE side of the split (the live side, against the real ``ioe simulate`` + ``ioe sidecar``, is
+``tests/test_dashboards_live.py``, whose docstring states the rule). Here every target is checked, and for the
+targets whose series the simulator cannot produce (SGLang, TRT-LLM, node_exporter InfiniBand, dcgm ECC, vLLM
+prefix cache; IOE's Cp and p99 regression ratio, which need minutes to a day of history) this is the proof.
 
 A Prometheus (Debian package) is started on 127.0.0.1 with a temporary storage dir and a 1 s scrape interval.
 It scrapes one in-test HTTP server that serves the files of ``tests/data/prom/`` (see SOURCES.md there)
@@ -82,8 +87,9 @@ def scale_counters(text: str, factor: int) -> str:
 
 
 def ioe_test_exposition() -> bytes:
-    """TEST EXPOSITION of IOE's verdict series (names from docs/metrics.md), standing in for the API's real
-    ``/metrics`` until the analyzer's exporter lands; swap ``IOE_METRICS`` for the real app's body then."""
+    """TEST EXPOSITION of IOE's verdict series (names from docs/metrics.md) for the fixture deployments, so
+    SGLang/TRT-LLM deployments and the fixture hosts have verdicts that select them. Its families and label
+    names are held to the real sidecar's ``/metrics`` by ``test_dashboards_live``; its values are invented."""
     reg = CollectorRegistry()
 
     def gauge(name: str, labels: tuple[str, ...]) -> Gauge:
@@ -303,7 +309,7 @@ def _boards() -> list[Path]:
     return sorted(OUT_DIR.glob("*.json"))
 
 
-def _finite(result: list[dict[str, Any]]) -> list[float]:
+def finite(result: list[dict[str, Any]]) -> list[float]:
     return [float(r["value"][1]) for r in result if math.isfinite(float(r["value"][1]))]
 
 
@@ -325,7 +331,7 @@ def test_every_panel_query_returns_data(prom: Prom, path: Path) -> None:
             where = f"{path.name} / {panel['title']!r} / {target['refId']}: {expr}"
             if answer["status"] != "success":
                 problems.append(f"{where}: ERROR {answer.get('error')}")
-            elif not _finite(answer["data"]["result"]):
+            elif not finite(answer["data"]["result"]):
                 problems.append(f"{where}: no finite sample")
     assert not problems, "\n".join(problems)
 
