@@ -36,7 +36,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analyzer.collectives import load_collectives, rank_waits
+from analyzer.collectives import group_extreme, instance_ids, load_collectives, rank_waits
 
 
 @dataclass(frozen=True)
@@ -75,12 +75,24 @@ class Straggler:
 
 
 def blame_by_window(waits: pl.DataFrame, window_us: float) -> pl.DataFrame:
-    """Rules 1–2. One row per (window, rank): ``blame_us, waited_us, share, instances``."""
-    key = ["origin", "comm_id", "coll_sn"]
-    t = pl.coalesce([c for c in ("start_us", "t_us") if c in waits.columns]).min().over(key)
-    w = waits.with_columns((t.fill_null(0) // window_us).cast(pl.Int64).alias("window"))
-    inst = w.group_by(["window", "origin", "comm_id", "coll_sn"]).agg(
-        pl.col("last_rank").first().alias("rank"), pl.col("wait_us").sum().alias("blame_us")
+    """Rules 1–2. One row per (window, rank): ``blame_us, waited_us, share, instances``.
+
+    An instance's window is that of its earliest start (``start_us``, else ``t_us``); instances
+    are grouped by :func:`analyzer.collectives.instance_ids` (integers, not the string key).
+    """
+    ids, n = instance_ids(waits)
+    t = waits.select(pl.coalesce([c for c in ("start_us", "t_us") if c in waits.columns])).to_series()
+    first = group_extreme(
+        ids, n, t.fill_null(0).cast(pl.Float64).to_numpy(), t.is_not_null().to_numpy(), np.minimum
+    )
+    w = waits.with_columns(
+        pl.Series("_g", ids),
+        (pl.Series(first[ids], nan_to_null=True).fill_null(0) // window_us).cast(pl.Int64).alias("window"),
+    )
+    inst = w.group_by("_g").agg(
+        pl.col("window").first(),
+        pl.col("last_rank").first().alias("rank"),
+        pl.col("wait_us").sum().alias("blame_us"),
     )
     caused = inst.group_by(["window", "rank"]).agg(pl.col("blame_us").sum())
     waited = w.group_by(["window", "rank"]).agg(pl.col("wait_us").sum().alias("waited_us"))

@@ -138,3 +138,106 @@ def test_cli_trace_report_json() -> None:
     entry = json.loads(result.output)["sets"]["synthetic_4rank_straggler"]
     assert [r["comp_comm_overlap_pctg"] for r in entry["comm_comp_overlap"]] == [15.0, 15.0, 37.5, 15.79]
     assert [r["last_rank"] for r in entry["arrival_skew"]] == [2, 2, 2, 2]
+
+
+# ---- the vectorized rank_waits / blame_by_window equal the plain statement of the rules ----------
+
+_KEY = ["origin", "comm_id", "coll_sn"]
+
+
+def _reference_waits(records: pl.DataFrame) -> pl.DataFrame:
+    """Rules 1–3 written with polars windows over the string key (the slow, obvious version)."""
+    df = records.filter(pl.col("coll_sn") >= 0).with_columns(
+        pl.len().over(_KEY).alias("_n"), pl.col("start_us").is_not_null().all().over(_KEY).alias("timed")
+    )
+    df = df.filter(pl.col("_n") >= 2)
+    timed = df.filter(pl.col("timed")).with_columns(
+        (pl.col("start_us").max().over(_KEY) - pl.col("start_us")).alias("wait_us"),
+        (pl.col("start_us").max() - pl.col("start_us").min()).over(_KEY).alias("skew_us"),
+        (pl.col("stop_us").median() - pl.col("start_us").max()).over(_KEY).alias("transfer_us"),
+        pl.col("rank").sort_by(["start_us", "rank"]).last().over(_KEY).alias("last_rank"),
+    )
+    untimed = df.filter(~pl.col("timed")).with_columns(
+        (pl.col("exec_us") - pl.col("exec_us").min().over(_KEY)).alias("wait_us"),
+        (pl.col("exec_us").max() - pl.col("exec_us").min()).over(_KEY).alias("skew_us"),
+        pl.col("exec_us").min().over(_KEY).alias("transfer_us"),
+        pl.col("rank").sort_by(["exec_us", "rank"]).first().over(_KEY).alias("last_rank"),
+    )
+    return pl.concat([timed, untimed]).drop("_n")
+
+
+def _reference_blame(waits: pl.DataFrame, window_us: float) -> pl.DataFrame:
+    t = pl.coalesce(["start_us", "t_us"]).min().over(_KEY)
+    w = waits.with_columns((t.fill_null(0) // window_us).cast(pl.Int64).alias("window"))
+    inst = w.group_by(["window", *_KEY]).agg(
+        pl.col("last_rank").first().alias("rank"), pl.col("wait_us").sum().alias("blame_us")
+    )
+    caused = inst.group_by(["window", "rank"]).agg(pl.col("blame_us").sum())
+    waited = w.group_by(["window", "rank"]).agg(pl.col("wait_us").sum().alias("waited_us"))
+    n_inst = inst.group_by("window").agg(pl.len().alias("instances"))
+    out = waited.join(caused, on=["window", "rank"], how="left").with_columns(
+        pl.col("blame_us").fill_null(0.0)
+    )
+    out = out.join(n_inst, on="window").with_columns(
+        (pl.col("blame_us") / pl.col("blame_us").sum().over("window")).fill_nan(0.0).alias("share")
+    )
+    return out.sort(["window", "rank"])
+
+
+def _messy(sn_offset: int) -> pl.DataFrame:
+    """Generated records with every case the rules name: untimed instances (no start), null exec
+    times, tied starts and exec times, a Prometheus aggregate (coll_sn −1), single-rank instances,
+    two communicators and two origins, rows shuffled; ``sn_offset`` moves one communicator's
+    sequence numbers far away (sparse and huge keys)."""
+    recs = gen_coll(SCENARIOS["throttled"], n_ranks=4, n_windows=6, per_window=10)
+    sn, rank = pl.col("coll_sn"), pl.col("rank")
+    untimed = sn % 3 == 0
+    recs = recs.with_columns(
+        pl.when(untimed).then(None).otherwise(pl.col("start_us")).alias("start_us"),
+        pl.when(untimed).then(None).otherwise(pl.col("stop_us")).alias("stop_us"),
+        pl.when((sn % 7 == 0) & (rank == 1))
+        .then(None)
+        .when(untimed)
+        .then((pl.col("exec_us") / 50).round() * 50)
+        .otherwise(pl.col("exec_us"))
+        .alias("exec_us"),
+    )
+    recs = recs.with_columns(
+        pl.when(sn % 5 == 1).then((pl.col("start_us") / 1000).round() * 1000).otherwise(pl.col("start_us")),
+        pl.when(sn == 4).then(-1).otherwise(sn).alias("coll_sn"),
+        pl.when(sn % 2 == 0).then(pl.lit("0xdef")).otherwise(pl.col("comm_id")).alias("comm_id"),
+        pl.when(sn % 4 == 3).then(pl.lit("kineto:x")).otherwise(pl.col("origin")).alias("origin"),
+    ).filter(~((pl.col("coll_sn") == 8) & (rank > 0)))
+    recs = recs.with_columns(
+        pl.when(pl.col("comm_id") == "0xdef").then(sn + sn_offset).otherwise(sn).alias("coll_sn"),
+        pl.col("start_us").alias("t_us"),
+    )
+    return recs.sample(fraction=1.0, shuffle=True, seed=3)
+
+
+@pytest.mark.parametrize("sn_offset", [0, 10**9, 2**61])
+def test_vectorized_waits_and_blame_equal_reference(sn_offset: int) -> None:
+    recs = _messy(sn_offset)
+    got, want = collectives.rank_waits(recs), _reference_waits(recs)
+    assert got.columns == want.columns and got.height == want.height > 100
+    assert got.equals(want)  # same rows, same order, bit-equal floats and nulls
+    assert got["timed"].sum() > 0 and (~got["timed"]).sum() > 0 and got["wait_us"].null_count() > 0
+    assert stragglers.blame_by_window(got, 10e6).equals(_reference_blame(want, 10e6))
+
+
+def test_group_median_is_bit_equal_to_polars() -> None:
+    """Even groups take ``lo + (hi − lo)·0.5`` like polars; ``(lo + hi)/2`` differs in the last bit."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    n = 4000
+    vals = rng.random(3 * n) * 10.0 ** rng.integers(-3, 16, 3 * n)
+    ids = np.repeat(np.arange(n), 3)
+    valid = np.tile([True, True, False], n)  # two valid values per group, one null
+    valid[:30] = True  # ... and a few odd-sized groups
+    got = collectives.group_median(ids, n, vals, valid)
+    frame = pl.DataFrame({"g": ids, "v": pl.Series(vals).scatter(np.flatnonzero(~valid), None)})
+    want = frame.group_by("g", maintain_order=True).agg(pl.col("v").median())["v"].to_numpy()
+    assert np.array_equal(got, want)
+    lo, hi = np.minimum(vals[0::3], vals[1::3]), np.maximum(vals[0::3], vals[1::3])
+    assert (((lo + hi) / 2)[10:] != want[10:]).sum() > 100
