@@ -30,7 +30,7 @@ import polars as pl
 
 from collector.errors import Problem
 from collector.formats import Parsed
-from collector.formats.scrape import parse_scrape
+from collector.formats.scrape import ScrapeCache, parse_scrape
 from collector.rates import CounterRates
 from collector.records import frame
 from collector.selfmetrics import SelfMetrics
@@ -81,6 +81,7 @@ class Sidecar:
         self.rng = rng or random.Random()
         self.states: dict[str, SourceState] = {}
         self._rates: dict[str, CounterRates] = {}
+        self._caches: dict[str, ScrapeCache] = {}  # one per target (scrape rule 5)
         self._stop = asyncio.Event()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -135,6 +136,7 @@ class Sidecar:
                 ts_ns=ts_ns,
                 host=spec.host or self.settings.host,
                 source=spec.name,
+                cache=self._caches.setdefault(spec.name, ScrapeCache()),
             )
         except ScrapeError as exc:
             self._record(state, ts_ns, time.monotonic() - t0, error=str(exc))

@@ -25,6 +25,10 @@ Rules:
 6. MIG instances share their parent's UUID; so that each instance keeps its own row under the
    store's key (ts_ns, host, uuid, metric, link), a MIG sample's uuid is ``<UUID>/gi<GPU_I_ID>``.
 7. A sample's own timestamp (rare in dcgm-exporter output) wins over ``ts_ns``.
+8. ``memo`` (optional, one per scrape target): the identity columns of a series (rules 2-6,
+   everything but the time and the value) are computed once per metric name and label
+   mapping and reused while the parser hands out the same mapping (see
+   :class:`collector.formats.exposition.ParseCache`). Rows are identical with or without it.
 """
 
 from __future__ import annotations
@@ -136,9 +140,15 @@ def canonical(name: str) -> tuple[str, float]:
     return "dcgm_" + name.removeprefix("DCGM_FI_").lower(), 1.0
 
 
-def to_gpu_samples(exp: Exposition, *, ts_ns: int, host: str = "", source: str = "") -> Parsed:
+def to_gpu_samples(
+    exp: Exposition, *, ts_ns: int, host: str = "", source: str = "", memo: GpuMemo | None = None
+) -> Parsed:
     """``gpu_samples`` rows for the DCGM samples of ``exp`` (see the module rules)."""
-    cols: dict[str, list[Any]] = {c: [] for c in _COLUMNS}
+    memo = {} if memo is None else memo
+    source = source or exp.source
+    idents: list[_Ident] = []
+    values: list[float] = []
+    stamps: list[int] = []
     dropped: dict[str, int] = {}
     for sample in exp.samples:
         if not is_gpu_metric(sample.name):
@@ -146,22 +156,27 @@ def to_gpu_samples(exp: Exposition, *, ts_ns: int, host: str = "", source: str =
         if not math.isfinite(sample.value) or sample.value >= BLANK_MIN:
             dropped[sample.name] = dropped.get(sample.name, 0) + 1
             continue
-        _append(cols, sample, ts_ns=ts_ns, host=host, source=source or exp.source)
+        ident = _identity(memo, sample, host, source)
+        idents.append(ident)
+        values.append(sample.value * ident[1])
+        stamps.append(ts_ns if sample.timestamp_ms is None else int(sample.timestamp_ms * 1_000_000))
     parsed = Parsed()
-    parsed.add("gpu_samples", frame("gpu_samples", cols))
+    parsed.add("gpu_samples", frame("gpu_samples", _columns(idents, values, stamps)))
     if dropped:
         parsed.problems.append(_dropped_problem(dropped))
     return parsed
 
 
-_COLUMNS = (
-    "ts_ns",
+# (labels, scale, host, gpu, uuid, metric, link, source, gpu_model, pod, namespace, container,
+#  mig_profile, mig_instance): a series' identity, ``labels`` kept to check the memo's hit
+_Ident = tuple[Any, ...]
+GpuMemo = dict[tuple[str, int, str, str], _Ident]
+_ID_COLUMNS = (
     "host",
     "gpu",
     "uuid",
     "metric",
     "link",
-    "value",
     "source",
     "gpu_model",
     "pod",
@@ -172,19 +187,29 @@ _COLUMNS = (
 )
 
 
-def _append(cols: dict[str, list[Any]], sample: Sample, *, ts_ns: int, host: str, source: str) -> None:
+def _identity(memo: GpuMemo, sample: Sample, host: str, source: str) -> _Ident:
+    """Rule 8: the memo's identity of this series, computed on a miss."""
+    key = (sample.name, id(sample.labels), host, source)
+    found = memo.get(key)
+    if found is None or found[0] is not sample.labels:
+        found = memo[key] = _new_identity(sample, host, source)
+    return found
+
+
+def _new_identity(sample: Sample, host: str, source: str) -> _Ident:
+    """Rules 2-6 for one series."""
     labels = sample.labels
     metric, scale = canonical(sample.name)
     mig_instance = labels.get("GPU_I_ID", "")
     uuid = _first(labels, _UUID)
-    row = (
-        int(sample.timestamp_ms * 1_000_000) if sample.timestamp_ms is not None else ts_ns,
+    return (
+        labels,
+        scale,
         _first(labels, _HOST) or host,
         gpu_index(labels),
         f"{uuid}/gi{mig_instance}" if mig_instance else uuid,
         metric,
         _int_or(labels.get("nvlink", ""), -1),
-        sample.value * scale,
         source,
         _first(labels, _MODEL),
         _first(labels, _POD),
@@ -193,8 +218,14 @@ def _append(cols: dict[str, list[Any]], sample: Sample, *, ts_ns: int, host: str
         labels.get("GPU_I_PROFILE", ""),
         mig_instance,
     )
-    for column, value in zip(_COLUMNS, row, strict=True):
-        cols[column].append(value)
+
+
+def _columns(idents: list[_Ident], values: list[float], stamps: list[int]) -> dict[str, list[Any]]:
+    """Identity tuples + values + times -> the table's column lists (C-level transposes)."""
+    cols: dict[str, list[Any]] = {"ts_ns": stamps, "value": values}
+    transposed = list(zip(*idents, strict=True))[2:] if idents else [()] * len(_ID_COLUMNS)
+    cols.update({name: list(column) for name, column in zip(_ID_COLUMNS, transposed, strict=True)})
+    return cols
 
 
 def gpu_index(labels: Mapping[str, str]) -> int:

@@ -39,6 +39,10 @@ Rules:
    (``le="+Inf"`` is a label, not a value, and is kept as ``+inf``.)
 7. ``rate_per_s`` is left NULL: :class:`collector.rates.CounterRates` fills it statefully.
 8. A sample's own timestamp wins over ``ts_ns``.
+9. ``memo`` (optional, one per scrape target): how a series maps (table, identity columns,
+   value factor, ``le``) is worked out once per metric name and label mapping and reused
+   while the parser hands out the same mapping (see
+   :class:`collector.formats.exposition.ParseCache`). Rows are identical with or without it.
 """
 
 from __future__ import annotations
@@ -181,23 +185,38 @@ def family_of(name: str) -> tuple[Concept, str] | None:
     return None
 
 
-def to_engine_samples(exp: Exposition, *, ts_ns: int, source: str = "") -> Parsed:
+def to_engine_samples(
+    exp: Exposition, *, ts_ns: int, source: str = "", memo: EngineMemo | None = None
+) -> Parsed:
     """``engine_samples`` and ``histogram_buckets`` rows for the engine samples of ``exp``."""
-    out = _Rows(source or exp.source, ts_ns)
+    out = _Rows(source or exp.source, ts_ns, {} if memo is None else memo)
     for sample in exp.samples:
-        engine = engine_of(sample.name)
-        mapped = family_of(sample.name) if engine else None
-        if mapped is not None:
-            out.add(engine, sample, *mapped)
+        out.add(sample)
     return out.parsed()
+
+
+class _Series(NamedTuple):
+    """How one series maps (rule 9); ``labels`` is kept to check the memo's hit."""
+
+    labels: Mapping[str, str]
+    mapped: bool  # a family of FAMILIES (rule 1)
+    table: str  # 'samples', 'buckets' or '' (mapped but not stored, e.g. a summary's quantiles)
+    ident: tuple[Any, ...]  # _ID_COLUMNS without ts_ns
+    factor: float  # stored value = value × factor
+    le: float | None  # buckets only; None: the le label is not a number
+    kv: bool  # a KV-usage gauge (rule 5)
+
+
+EngineMemo = dict[tuple[str, int, str], _Series]
 
 
 class _Rows:
     """Column lists of the two tables being built, plus the refused samples."""
 
-    def __init__(self, source: str, ts_ns: int) -> None:
+    def __init__(self, source: str, ts_ns: int, memo: EngineMemo) -> None:
         self.source = source
         self.ts_ns = ts_ns
+        self.memo = memo
         self.samples: list[tuple[Any, ...]] = []
         self.buckets: list[tuple[Any, ...]] = []
         self.problems: list[Problem] = []
@@ -206,36 +225,54 @@ class _Rows:
         # the samples of a body with equal labels, so this is computed once per label set
         self.identities: dict[tuple[str, int], tuple[Any, ...]] = {}
 
-    def add(self, engine: str, sample: Sample, concept: Concept, suffix: str) -> None:
+    def add(self, sample: Sample) -> None:
+        series = self.series(sample)
+        if not series.mapped:
+            return
         if not math.isfinite(sample.value):
             self.non_finite += 1
             return
-        name, value = _concept_value(concept, suffix, sample.value)
-        if name is None:
+        if not series.table:
             return
-        if name == "kv_usage_ratio" and not 0.0 <= value <= _KV_MAX:
+        value = sample.value * series.factor
+        if series.kv and not 0.0 <= value <= _KV_MAX:
             self.problems.append(Problem(sample.name, f"KV usage {value} outside 0..1 (rule 5)"))
             return
-        ident = self.identity(engine, sample, name)
-        if suffix == "_bucket":
-            le = _le(sample.labels.get("le", ""), concept.le_scale)
-            if le is None:
-                where = f"{sample.name}{{le={quote(sample.labels.get('le', ''))}}}"
-                self.problems.append(Problem(where, "bucket without a numeric le"))
-                return
-            self.buckets.append((*ident, le, value))
+        ts = self.ts_ns if sample.timestamp_ms is None else int(sample.timestamp_ms * 1_000_000)
+        if series.table == "samples":
+            self.samples.append((ts, *series.ident, value, None))
+        elif series.le is None:
+            where = f"{sample.name}{{le={quote(sample.labels.get('le', ''))}}}"
+            self.problems.append(Problem(where, "bucket without a numeric le"))
         else:
-            self.samples.append((*ident, value, None))
+            self.buckets.append((ts, *series.ident, series.le, value))
 
-    def identity(self, engine: str, sample: Sample, concept: str) -> tuple[Any, ...]:
-        """``_ID_COLUMNS`` of one row (rules 2, 3 and 8)."""
-        ts = int(sample.timestamp_ms * 1_000_000) if sample.timestamp_ms is not None else self.ts_ns
+    def series(self, sample: Sample) -> _Series:
+        """Rule 9: the memo's mapping of this series, worked out on a miss."""
+        key = (sample.name, id(sample.labels), self.source)
+        found = self.memo.get(key)
+        if found is None or found.labels is not sample.labels:
+            found = self.memo[key] = self.new_series(sample)
+        return found
+
+    def new_series(self, sample: Sample) -> _Series:
+        """Rules 1-5 for one series."""
+        engine = engine_of(sample.name)
+        mapped = family_of(sample.name) if engine else None
+        if mapped is None:
+            return _Series(sample.labels, False, "", (), 1.0, None, False)
+        concept, suffix = mapped
+        name, factor = _concept_value(concept, suffix, 1.0)
+        if name is None:
+            return _Series(sample.labels, True, "", (), 1.0, None, False)
+        table = "buckets" if suffix == "_bucket" else "samples"
+        le = _le(sample.labels.get("le", ""), concept.le_scale) if table == "buckets" else None
         key = (engine, id(sample.labels))
         ranks = self.identities.get(key)
         if ranks is None:
             ranks = self.identities[key] = _identity(engine, sample.labels)
-        model, dp, tp, pp, ep, labels_json = ranks
-        return (ts, self.source, engine, model, dp, tp, pp, ep, concept, labels_json)
+        ident = (self.source, engine, *ranks[:5], name, ranks[5])
+        return _Series(sample.labels, True, table, ident, factor, le, name == "kv_usage_ratio")
 
     def parsed(self) -> Parsed:
         result = Parsed(problems=self.problems)

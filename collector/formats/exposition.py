@@ -40,6 +40,12 @@ Rules (numbered so that errors and tests can point at them):
 
 10. ``Sample.labels`` is a read-only mapping shared by every sample of one body that has the
     same label block (it is built once per distinct block); copy it before changing it.
+11. A caller that parses one target's body again and again (a scraper) may pass a
+    :class:`ParseCache`: label blocks already seen are not parsed again (their mappings are
+    then shared with later bodies too), and when the comment lines of a clean body are the
+    same as last time their ``# TYPE``/``# HELP`` are reused instead of re-read. The result is
+    identical with or without it; the cache holds at most ``max_labels`` blocks (cleared whole
+    past that).
 
 Two paths accept the same language: a column-wise fast path for clean bodies (what the
 benchmark measures) and an exact line-by-line path, used for the whole body as soon as
@@ -138,8 +144,31 @@ def is_openmetrics(text: str) -> bool:
     return text.rstrip().endswith("\n# EOF") or text.strip() == "# EOF"
 
 
+@dataclass
+class ParseCache:
+    """What one target's parses keep for the next (rule 11); never shared between targets."""
+
+    labels: dict[str, tuple[Mapping[str, str] | str, _LabelSet | None]] = field(default_factory=dict)
+    max_labels: int = 50_000
+    comments: tuple[bool, tuple[str, ...]] | None = None  # (OpenMetrics?, comment column)
+    types: dict[str, str] = field(default_factory=dict)
+    helps: dict[str, str] = field(default_factory=dict)
+    eof: bool = False
+
+    def label_cache(self) -> dict[str, tuple[Mapping[str, str] | str, _LabelSet | None]]:
+        if len(self.labels) > self.max_labels:
+            self.labels.clear()
+        self.labels.setdefault("", (_NO_LABELS, frozenset()))
+        return self.labels
+
+
 def parse(
-    text: str, *, source: str = "", openmetrics: bool | None = None, max_chars: int = MAX_BODY_CHARS
+    text: str,
+    *,
+    source: str = "",
+    openmetrics: bool | None = None,
+    max_chars: int = MAX_BODY_CHARS,
+    cache: ParseCache | None = None,
 ) -> Exposition:
     """Parse one exposition body; see the module docstring for every rule applied."""
     if len(text) > max_chars:
@@ -149,9 +178,9 @@ def parse(
             snippet=text[:80],
         )
     om = is_openmetrics(text) if openmetrics is None else openmetrics
-    state = _State(text, Exposition(openmetrics=om, source=source))
+    state = _State(text, Exposition(openmetrics=om, source=source), cache)
     if not _scan_clean(text, state):
-        state = _State(text, Exposition(openmetrics=om, source=source))
+        state = _State(text, Exposition(openmetrics=om, source=source), cache)
         _scan_exact(text, state)
     if om and not state.eof:
         state.problem(0, "", "OpenMetrics body without # EOF: it may be truncated (rule 2)")
@@ -174,7 +203,7 @@ def _scan_clean(text: str, st: _State) -> bool:
     if not rows:
         return True
     comments, names, blocks, value_texts, stamps, others = zip(*rows, strict=True)
-    if any(others) or any(stamps) or not _clean_comments(comments, st):
+    if any(others) or any(stamps) or not _clean_comments_cached(comments, st):
         return False
     if st.eof and (rows[-1][1] or comments.count(rows[-1][0]) != 1):
         return False  # text after # EOF
@@ -195,6 +224,26 @@ def _scan_clean(text: str, st: _State) -> bool:
     if len(set(zip(names, canons, strict=True))) != len(names):
         return False
     st.exp.samples.extend(map(_new_sample, zip(names, label_sets, values, repeat(None))))
+    return True
+
+
+def _clean_comments_cached(comments: tuple[str, ...], st: _State) -> bool:
+    """:func:`_clean_comments`, or its last clean outcome when the comment lines are unchanged (rule 11)."""
+    memo = st.cache
+    if memo is None:
+        return _clean_comments(comments, st)
+    if memo.comments == (st.om, comments):
+        st.exp.types, st.exp.helps, st.eof = dict(memo.types), dict(memo.helps), memo.eof
+        return True
+    memo.comments = None
+    if not _clean_comments(comments, st):
+        return False
+    memo.comments, memo.types, memo.helps, memo.eof = (
+        (st.om, comments),
+        dict(st.exp.types),
+        dict(st.exp.helps),
+        st.eof,
+    )
     return True
 
 
@@ -248,17 +297,18 @@ def _scan_exact(text: str, st: _State) -> None:
 class _State:
     """Per-call parsing state (never shared between calls)."""
 
-    def __init__(self, text: str, exp: Exposition) -> None:
+    def __init__(self, text: str, exp: Exposition, cache: ParseCache | None = None) -> None:
         self.exp = exp
+        self.cache = cache
         self.om = exp.openmetrics
         self.check_utf8 = "\ufffd" in text
         self.eof = False
         self.family = ""
         self.clash = ""  # rule 8: the family's name with ':' replaced by '_', when it has one
         self.seen: dict[tuple[str, _LabelSet | None], int] = {}
-        self.label_cache: dict[str, tuple[Mapping[str, str] | str, _LabelSet | None]] = {
-            "": (_NO_LABELS, frozenset())
-        }
+        self.label_cache: dict[str, tuple[Mapping[str, str] | str, _LabelSet | None]] = (
+            {"": (_NO_LABELS, frozenset())} if cache is None else cache.label_cache()
+        )
         self.names_ok: set[str] = set()
         self.extra_problems = 0
 

@@ -20,21 +20,45 @@ Rules:
    (``.prom``, ``.openmetrics``, ``.txt``, gzipped or not). Its rows get ``ctx.ts_ns`` and
    ``ctx.host``, and ``source = "<ctx.source>:<file name>"`` so that two files captured at
    the same instant stay distinct series.
+5. A scraper passes one :class:`ScrapeCache` per target: label blocks, unchanged HELP/TYPE
+   lines and the row identities of series already seen are reused instead of worked out
+   again on every scrape (exposition rule 11, dcgm rule 8, engine rule 9). The rows are the
+   same with or without it; it is bounded (cleared whole past ``max_series`` series).
 """
 
 from __future__ import annotations
 
 import gzip
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from collector.errors import ParseError, Problem
 from collector.formats import SNIFF_BYTES, FileFormat, IngestContext, Parsed
-from collector.formats.dcgm import is_gpu_metric, to_gpu_samples
-from collector.formats.engine import engine_of, to_engine_samples
-from collector.formats.exposition import MAX_BODY_CHARS, parse
+from collector.formats.dcgm import GpuMemo, is_gpu_metric, to_gpu_samples
+from collector.formats.engine import EngineMemo, engine_of, to_engine_samples
+from collector.formats.exposition import MAX_BODY_CHARS, ParseCache, parse
 
 Kind = Literal["dcgm", "engine", "auto"]
+
+
+@dataclass
+class ScrapeCache:
+    """One target's memory from scrape to scrape (rule 5); never shared between targets."""
+
+    max_series: int = 100_000
+    parse: ParseCache = field(default_factory=ParseCache)
+    gpu: GpuMemo = field(default_factory=dict)
+    engine: EngineMemo = field(default_factory=dict)
+
+    def bounded(self) -> ScrapeCache:
+        """Itself, emptied first when it holds more than ``max_series`` series."""
+        if len(self.gpu) + len(self.engine) > self.max_series:
+            self.gpu.clear()
+            self.engine.clear()
+            self.parse.labels.clear()
+        self.parse.max_labels = self.max_series
+        return self
 
 
 def parse_scrape(
@@ -45,20 +69,22 @@ def parse_scrape(
     host: str = "",
     source: str = "",
     max_bytes: int = MAX_BODY_CHARS,
+    cache: ScrapeCache | None = None,
 ) -> Parsed:
-    """Canonical rows of one scrape body (rules 1-3)."""
+    """Canonical rows of one scrape body (rules 1-3; rule 5 with a ``cache``)."""
     if kind not in ("dcgm", "engine", "auto"):
         raise ValueError(f"parse_scrape: kind must be dcgm, engine or auto, not {kind!r}")
     if isinstance(text, bytes):
         if len(text) > max_bytes:
             raise ParseError(f"body of {len(text):,} bytes exceeds the cap of {max_bytes:,}", source=source)
         text = text.decode("utf-8", errors="replace")
-    exp = parse(text, source=source, max_chars=max_bytes)
+    memo = (cache or ScrapeCache()).bounded()
+    exp = parse(text, source=source, max_chars=max_bytes, cache=memo.parse if cache else None)
     result = Parsed(problems=[_named(p, source) for p in exp.problems])
     if kind in ("dcgm", "auto"):
-        result.extend(to_gpu_samples(exp, ts_ns=ts_ns, host=host, source=source))
+        result.extend(to_gpu_samples(exp, ts_ns=ts_ns, host=host, source=source, memo=memo.gpu))
     if kind in ("engine", "auto"):
-        result.extend(to_engine_samples(exp, ts_ns=ts_ns, source=source))
+        result.extend(to_engine_samples(exp, ts_ns=ts_ns, source=source, memo=memo.engine))
     return result
 
 

@@ -1,0 +1,92 @@
+"""The per-target scrape cache (scrape rule 5) changes the cost of a scrape, never its rows.
+
+Real fixture bodies are scraped several times through one :class:`ScrapeCache` while their
+values, HELP/TYPE lines and label sets change; every result must equal a cold parse.
+"""
+
+from __future__ import annotations
+
+import re
+
+import polars as pl
+from polars.testing import assert_frame_equal
+
+from collector.formats.scrape import ScrapeCache, parse_scrape
+from tests.conftest import DATA
+
+DCGM = (DATA / "dcgm" / "h100x8_k8s_pod_labels.prom").read_text()
+VLLM = (DATA / "engine" / "vllm_0.33.0_dp2.prom").read_text()
+SGLANG = (DATA / "engine" / "sglang_0.5.23.prom").read_text()
+GPU1_POWER = 'DCGM_FI_DEV_POWER_USAGE{gpu="1",UUID="GPU-bc5610b9-79c8-fedd-8899-07539c7f868a"'
+POD = "vllm-agg-0-vllmdecodeworker-s65j5"
+
+
+def _same(body: str, cache: ScrapeCache, ts_ns: int, kind: str = "auto") -> dict[str, pl.DataFrame]:
+    warm = parse_scrape(body, kind=kind, ts_ns=ts_ns, host="node-a", source="t", cache=cache)  # type: ignore[arg-type]
+    cold = parse_scrape(body, kind=kind, ts_ns=ts_ns, host="node-a", source="t")  # type: ignore[arg-type]
+    assert warm.problems == cold.problems
+    assert warm.tables.keys() == cold.tables.keys()
+    for table in cold.tables:
+        assert_frame_equal(warm.tables[table], cold.tables[table])
+    return warm.tables
+
+
+def _bump(body: str, by: float) -> str:
+    """Every sample value + ``by`` (label sets and comments untouched)."""
+    return re.sub(r"(?m)^([^#\n].*[ }])(-?[0-9.e+]+)$", lambda m: f"{m[1]}{float(m[2]) + by}", body)
+
+
+def test_values_move_with_a_warm_cache() -> None:
+    cache = ScrapeCache()
+    first = _same(DCGM, cache, 1_000_000_000)
+    assert f"{GPU1_POWER}," in DCGM and DCGM.count("68.347000") == 1
+    second = _same(DCGM.replace("68.347000", "250.5"), cache, 2 * 10**9)
+    power = lambda rows: rows.filter((pl.col("gpu") == 1) & (pl.col("metric") == "power_w"))["value"].item()  # noqa: E731
+    assert power(first["gpu_samples"]) == 68.347  # W, as scraped
+    assert power(second["gpu_samples"]) == 250.5  # the new value, not the cached series' old one
+    assert second["gpu_samples"]["ts_ns"].unique().to_list() == [2 * 10**9]
+    assert len(cache.gpu) == first["gpu_samples"].height  # one identity per series
+
+
+def test_engine_bodies_equal_cold_parse_across_scrapes() -> None:
+    for body in (VLLM, SGLANG):
+        cache = ScrapeCache()
+        for step in range(3):
+            tables = _same(_bump(body, step * 2.0), cache, (step + 1) * 10**9, kind="engine")
+        assert tables["histogram_buckets"].height > 100
+        assert cache.parse.comments is not None  # HELP/TYPE of the clean body were memoized
+
+
+def test_changed_type_lines_are_not_reused() -> None:
+    cache = ScrapeCache()
+    _same(VLLM, cache, 1)
+    retyped = VLLM.replace(
+        "# TYPE vllm:num_requests_running gauge", "# TYPE vllm:num_requests_running counter"
+    )
+    assert retyped != VLLM
+    warm = parse_scrape(retyped, kind="engine", ts_ns=2, source="t", cache=cache)
+    cold = parse_scrape(retyped, kind="engine", ts_ns=2, source="t")
+    assert_frame_equal(warm.tables["engine_samples"], cold.tables["engine_samples"])
+
+
+def test_a_bad_line_after_clean_scrapes_is_reported_the_same() -> None:
+    cache = ScrapeCache()
+    _same(VLLM, cache, 1)
+    broken = VLLM + 'vllm:num_requests_waiting{engine="0",model_name="m"} not-a-number\n'
+    tables = _same(broken, cache, 2)
+    assert tables["engine_samples"].height > 0  # the good rows are kept
+    again = parse_scrape(broken, kind="engine", ts_ns=3, source="t", cache=cache)
+    assert len(again.problems) == 1
+    assert again.problems[0].location == f"t: line {VLLM.count(chr(10)) + 1}"
+    assert again.problems[0].message.startswith("bad value 'not-a-number' (rule 4)")
+
+
+def test_cache_is_bounded_when_label_sets_keep_changing() -> None:
+    cache = ScrapeCache(max_series=50)
+    for step in range(10):  # a new pod name each time: 4 new GPU-0 series per scrape
+        _same(DCGM.replace(POD, f"{POD}-{step}"), cache, step + 1)
+        assert len(cache.gpu) <= 50 + 4  # cleared whole before a scrape once past 50
+    unbounded = ScrapeCache()
+    for step in range(10):
+        _same(DCGM.replace(POD, f"{POD}-{step}"), unbounded, step + 1)
+    assert len(unbounded.gpu) == 30 + 9 * 4  # what the bound prevents from growing
