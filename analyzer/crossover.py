@@ -327,15 +327,22 @@ def _catalog_capability(dep: Deployment) -> float | None:
 def cp_from_store(
     con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, th: Thresholds
 ) -> CpFit:
-    """Rules 2-4 on the deployment's own per-bin history: running vs tokens/s per GPU, ITL p99.
+    """Rules 2-4 on the deployment's own per-bin history: running vs tokens/s per GPU, ITL p99."""
+    bins = history_bins(con, dep, start_ns, end_ns, th)
+    per_gpu = bins["tokens_per_s"] / max(dep.n_gpus, 1)
+    lat = bins["itl_p99_s"].fill_null(float("nan")) if "itl_p99_s" in bins.columns else None
+    return fit_cp(bins["running"].to_list(), per_gpu.to_list(), None if lat is None else lat.to_list(), th)
+
+
+def history_bins(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, th: Thresholds
+) -> pl.DataFrame:
+    """The :func:`load_bins` Cp is fitted on: rows with both running and tokens/s.
 
     Spans over an hour read the per-minute rollups when the store has them (latency rule 6).
     """
     rollup = end_ns - start_ns > 3600 * NS and _has_rollups(con, start_ns, end_ns)
-    bins = load_bins(con, dep, start_ns, end_ns, th, rollup=rollup).drop_nulls(["running", "tokens_per_s"])
-    per_gpu = bins["tokens_per_s"] / max(dep.n_gpus, 1)
-    lat = bins["itl_p99_s"].fill_null(float("nan")) if "itl_p99_s" in bins.columns else None
-    return fit_cp(bins["running"].to_list(), per_gpu.to_list(), None if lat is None else lat.to_list(), th)
+    return load_bins(con, dep, start_ns, end_ns, th, rollup=rollup).drop_nulls(["running", "tokens_per_s"])
 
 
 def headroom(

@@ -12,19 +12,27 @@ Rules:
      caps its decompressed body itself (``settings.otlp.max_body_bytes``).
   4. Ingest needs the bearer token when one is configured; reads need it only when
      ``settings.require_token_for_reads`` is set (:mod:`api.routes`, :mod:`api.page`).
+  5. With ``refresh_s`` (``ioe serve`` passes :data:`REFRESH_S`) the default window's envelope and
+     latency are precomputed every ``refresh_s`` seconds (:mod:`api.refresher`), from the app's
+     startup to its shutdown (the lifespan), and answered before routing (:mod:`api.fastpath`);
+     without it every answer is computed on request (or cached).
 """
 
 from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from api.cache import TTLCache
+from api.fastpath import SnapshotFastPath
 from api.limits import BodyLimit
+from api.refresher import Refresher
 from api.verdicts import VerdictCollector
 from collector.sink import Sink
 from collector.store import Store
@@ -33,18 +41,29 @@ from ioe.settings import Settings
 MAX_BODY_BYTES = 1 << 20  # REST bodies are small JSON documents (queries)
 CACHE_TTL_S = 10.0
 VERDICT_WINDOW_S = 900.0
+REFRESH_S = 15.0  # rule 5: the default window's verdicts are at most this old (plus one analysis)
 _ROUTERS = ("api.otlp", "api.routes", "api.page")
 
 
-def create_app(settings: Settings, store: Store, sink: Sink | None = None, **state: Any) -> FastAPI:
-    app = FastAPI(title="IOE", version="1", description="Inference Operating Envelope analyzer")
+def create_app(
+    settings: Settings, store: Store, sink: Sink | None = None, refresh_s: float | None = None, **state: Any
+) -> FastAPI:
+    about = "Inference Operating Envelope analyzer"
+    app = FastAPI(title="IOE", version="1", description=about, lifespan=_lifespan)
     app.state.settings = settings
     app.state.store = store
     app.state.sink = sink if sink is not None else store
     app.state.registries = []
     app.state.cache = TTLCache(ttl_s=CACHE_TTL_S)
+    app.state.refresher = None
     for key, value in state.items():
         setattr(app.state, key, value)
+    if refresh_s is not None:
+        from api.routes import DEFAULT_POINTS, DEFAULT_WINDOW_S, refresh_cycle
+
+        app.state.refresher = Refresher(lambda: refresh_cycle(app), interval_s=refresh_s)
+        fast = {"state": app.state, "window_s": DEFAULT_WINDOW_S, "points": DEFAULT_POINTS}
+        app.add_middleware(SnapshotFastPath, **fast)  # type: ignore[arg-type]
     app.state.registries = [*app.state.registries, verdict_registry(app)]
     app.add_middleware(BodyLimit, max_bytes=getattr(app.state, "max_body_bytes", MAX_BODY_BYTES),  # type: ignore[arg-type]
                        own_limits=("/v1/traces",))  # fmt: skip
@@ -66,6 +85,19 @@ def create_app(settings: Settings, store: Store, sink: Sink | None = None, **sta
     return app
 
 
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Rule 5: the refresher runs while the app serves."""
+    refresher = app.state.refresher
+    if refresher is not None:
+        refresher.start()
+    try:
+        yield
+    finally:
+        if refresher is not None:
+            refresher.stop()
+
+
 def verdict_registry(app: FastAPI) -> CollectorRegistry:
     """Rule 2: a registry holding the :class:`VerdictCollector` over this app's store and cache.
 
@@ -75,7 +107,7 @@ def verdict_registry(app: FastAPI) -> CollectorRegistry:
     from api import routes, service
 
     def analysis() -> list[tuple[Any, dict[str, Any], dict[str, Any], float]]:
-        end = routes.cached_on(app, ("latest",), service.latest_ns) or time.time_ns()
+        end = routes.default_end(app)
         span = routes.Span(end - int(VERDICT_WINDOW_S * 1e9), end)
         out = []
         for dep in routes.cached_on(app, ("deployments",), service.deployments):

@@ -10,6 +10,9 @@ Rules:
      served to every caller except the one that recomputes it, so a hot key never makes 50
      clients wait on one analysis; past ``max_stale_s`` callers wait for the fresh value.
 
+  6. :meth:`TTLCache.peek` answers a fresh value without ever computing or waiting (the event
+     loop's fast path); a miss is :data:`MISSING`, so a cached ``None`` stays distinguishable.
+
 One instance belongs to one app (``app.state.cache``): no module-level state.
 """
 
@@ -20,6 +23,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
+
+MISSING: Any = object()  # rule 6: what peek answers for an absent or stale key
 
 
 class TTLCache:
@@ -62,6 +67,11 @@ class TTLCache:
             return value
         finally:
             lock.release()
+
+    def peek(self, key: Hashable) -> Any:
+        """Rule 6: the value of ``key`` when fresh (within ``ttl_s``), else :data:`MISSING`."""
+        got = self._fresh(key)
+        return MISSING if got is None else got[1]
 
     def _fresh(self, key: Hashable, age_s: float | None = None) -> tuple[float, Any] | None:
         with self._guard:

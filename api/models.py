@@ -195,6 +195,7 @@ class Latency(_M):
     quantiles: list[Quantile]
     bin_s: float
     series: list[QuantilePoint]
+    computed_at_s: float = Field(description="Unix time the analysis ran (results are cached briefly)")
 
 
 class SeriesPoint(_M):

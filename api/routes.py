@@ -9,6 +9,12 @@ Rules:
   3. Non-finite floats (NaN, ±inf) from the analyzer are served as ``null`` (JSON has no NaN).
   4. Chart routes cache their validated, serialized body too, so a cache hit costs routing and a
      copy of bytes, not a validation pass over thousands of points.
+  5. The envelope and latency routes answer on the event loop when the answer is already
+     computed — the refresher's snapshot of the default window (:mod:`api.refresher`, with its
+     ``Age``), else a fresh cached body — and send only misses to the thread pool.
+  6. The default window ends at the newest sample: the refresher's latest cycle's end while it
+     runs (so the overview, ``/metrics`` and the routes share its analyses), else the cached
+     newest sample time.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ from typing import Annotated, Any
 import duckdb
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 
 from api import models, service
 from api.auth import require_token
+from api.cache import MISSING
 from api.params import (
     AT_PATTERN,
     NAME_PATTERN,
@@ -36,14 +44,17 @@ from api.params import (
     unknown_deployment,
 )
 from api.query import run_query
+from api.refresher import Cycle
 from collector.records import TABLES
 from ioe.readonly import ReadOnlyQueryError
 
 NS = 1_000_000_000
 STRAGGLER_SLICE_S = 10.0
+DEFAULT_WINDOW, DEFAULT_POINTS = "15m", 120
+DEFAULT_WINDOW_S = parse_window(DEFAULT_WINDOW)
 
 
-def read_guard(request: Request) -> None:
+async def read_guard(request: Request) -> None:
     """Rule 1."""
     if request.app.state.settings.require_token_for_reads:
         require_token(request)
@@ -98,11 +109,12 @@ def as_json(
     request: Request, key: tuple[Any, ...], model: type[BaseModel], build: Callable[[], Any]
 ) -> Response:
     """Rule 4: the body validated against ``model`` once, cached as JSON bytes with the analysis."""
+    body = request.app.state.cache.get(("json", *key), lambda: to_json(model, build()))
+    return Response(body, media_type="application/json")
 
-    def render() -> bytes:
-        return model.model_validate(build()).model_dump_json().encode()
 
-    return Response(request.app.state.cache.get(("json", *key), render), media_type="application/json")
+def to_json(model: type[BaseModel], value: Any) -> bytes:
+    return model.model_validate(value).model_dump_json().encode()
 
 
 def finite(obj: Any) -> Any:
@@ -116,13 +128,21 @@ def finite(obj: Any) -> Any:
     return obj
 
 
-def span(request: Request, window: WindowParam = "15m", at: AtParam = None) -> Span:
+def span(request: Request, window: WindowParam = DEFAULT_WINDOW, at: AtParam = None) -> Span:
     seconds = parse_window(window)
     end_ns = parse_at(at)
     if end_ns is None:
-        latest = cached(request, ("latest",), service.latest_ns)
-        end_ns = latest if latest is not None else time.time_ns()
+        end_ns = default_end(request.app)
     return Span(end_ns - int(seconds * NS), end_ns)
+
+
+def default_end(app: Any) -> int:
+    """Rule 6."""
+    refresher = getattr(app.state, "refresher", None)
+    end = refresher.end_ns() if refresher is not None else None
+    if end is None:
+        end = cached_on(app, ("latest",), service.latest_ns)
+    return end if end is not None else time.time_ns()
 
 
 SpanDep = Annotated[Span, Depends(span)]
@@ -171,7 +191,12 @@ def deployment_detail(request: Request, dep: DepDep) -> dict[str, Any]:
 
 
 def envelope_of(app: Any, dep: Any, s: Span) -> dict[str, Any]:
-    """The cached envelope report (shared by the route, the overview and ``/metrics``)."""
+    """The envelope report (shared by the route, the overview and ``/metrics``): the refresher's
+    when it holds this span (rule 6), else cached."""
+    refresher = getattr(app.state, "refresher", None)
+    snap = refresher.get(("envelope", dep.name)) if refresher is not None else None
+    if snap is not None and snap.value["window"]["start_ns"] == s.start_ns and snap.end_ns == s.end_ns:
+        return snap.value  # type: ignore[no-any-return]
     return cached_on(app, ("envelope", dep.name, s), lambda c: service.envelope(c, dep, s.start_ns, s.end_ns))  # type: ignore[no-any-return]
 
 
@@ -184,25 +209,101 @@ def _envelope(request: Request, dep: Any, s: Span) -> dict[str, Any]:
     return envelope_of(request.app, dep, s)
 
 
+def ready_answer(
+    request: Request, route: str, name: str, window: str, at: str | None, *extra: Any
+) -> Response | None:
+    """Rule 5: the already computed answer, or ``None`` (a miss: compute in the thread pool).
+
+    Never computes and never waits; parameters are parsed (and refused) as the slow path would."""
+    check_name(name)
+    seconds, end_ns = parse_window(window), parse_at(at)
+    app = request.app
+    refresher = getattr(app.state, "refresher", None)
+    if refresher is not None and end_ns is None and seconds == DEFAULT_WINDOW_S and extra == _DEFAULTS[route]:
+        snap = refresher.get((route, name))
+        if snap is not None:
+            return refresher.response(snap)  # type: ignore[no-any-return]
+    if end_ns is None:
+        end_ns = refresher.end_ns() if refresher is not None else None
+        end_ns = app.state.cache.peek(("latest",)) if end_ns is None else end_ns
+        if end_ns is MISSING or end_ns is None:
+            return None
+    s = Span(end_ns - int(seconds * NS), end_ns)
+    body = app.state.cache.peek(("json", route, name, s, *extra))
+    return None if body is MISSING else Response(body, media_type="application/json")
+
+
+_DEFAULTS: dict[str, tuple[Any, ...]] = {"envelope": (), "latency": (DEFAULT_POINTS,)}
+
+
 @router.get("/deployments/{name}/envelope", response_model=models.Envelope, summary="Envelope verdict")
-def envelope(request: Request, dep: DepDep, s: SpanDep) -> Response:
-    """Zone with every signal as evidence, Cp (24 h history), headroom per axis, p99 regressions."""
+async def envelope(
+    request: Request, name: NameParam, window: WindowParam = DEFAULT_WINDOW, at: AtParam = None
+) -> Response:
+    """Zone with every signal as evidence, Cp (24 h history), headroom per axis, p99 regressions.
+
+    The default window (15 min ending at the newest sample) is precomputed on a schedule when the
+    server runs a refresher: such answers carry ``Age`` and ``Cache-Control: max-age`` headers."""
+    got = ready_answer(request, "envelope", name, window, at)
+    return got if got is not None else await run_in_threadpool(_envelope_route, request, name, window, at)
+
+
+def _envelope_route(request: Request, name: str, window: str, at: str | None) -> Response:
+    dep, s = deployment(request, name), span(request, window, at)
     return as_json(request, ("envelope", dep.name, s), models.Envelope, lambda: _envelope(request, dep, s))
 
 
 @router.get("/deployments/{name}/latency", response_model=models.Latency, summary="Latency quantiles")
-def latency(request: Request, dep: DepDep, s: SpanDep, points: PointsParam = 120) -> Response:
+async def latency(
+    request: Request,
+    name: NameParam,
+    window: WindowParam = DEFAULT_WINDOW,
+    at: AtParam = None,
+    points: PointsParam = DEFAULT_POINTS,
+) -> Response:
     """Quantiles of every engine histogram over the window and TTFT/ITL p50/p99 per bin.
 
-    All values are **bucket estimates** (linear interpolation inside the histogram bucket)."""
-    note = "bucket estimates: quantiles interpolated inside histogram buckets, not exact"
+    All values are **bucket estimates** (linear interpolation inside the histogram bucket).
+    Default-window answers may be precomputed (``Age`` header), as for the envelope."""
+    got = ready_answer(request, "latency", name, window, at, points)
+    if got is not None:
+        return got
+    return await run_in_threadpool(_latency_route, request, name, window, at, points)
+
+
+def _latency_route(request: Request, name: str, window: str, at: str | None, points: int) -> Response:
+    dep, s = deployment(request, name), span(request, window, at)
+    key = ("latency", dep.name, s, points)
 
     def build() -> dict[str, Any]:
-        got = cached(request, ("latency", dep.name, s, points),
-                     lambda c: service.latency(c, dep, s.start_ns, s.end_ns, points))  # fmt: skip
-        return {"deployment": dep.name, "window": s.window(), "note": note, **got}
+        got = cached(request, key, lambda c: service.latency(c, dep, s.start_ns, s.end_ns, points))
+        return latency_body(dep, s, got)
 
-    return as_json(request, ("latency", dep.name, s, points), models.Latency, build)
+    return as_json(request, key, models.Latency, build)
+
+
+def latency_body(dep: Any, s: Span, got: dict[str, Any]) -> dict[str, Any]:
+    note = "bucket estimates: quantiles interpolated inside histogram buckets, not exact"
+    return {"deployment": dep.name, "window": s.window(), "note": note, **got}
+
+
+def refresh_cycle(app: Any) -> Cycle:
+    """The refresher's work (rule 6): every deployment's default-window envelope and latency."""
+    with app.state.store.cursor() as cur:
+        end_ns = service.latest_ns(cur) or time.time_ns()
+        deps = service.deployments(cur)
+    s = Span(end_ns - int(DEFAULT_WINDOW_S * NS), end_ns)
+
+    def run(dep: Any, route: str) -> tuple[bytes, Any]:
+        with app.state.store.cursor() as cur:
+            if route == "envelope":
+                value = finite(service.envelope(cur, dep, s.start_ns, s.end_ns))
+                return to_json(models.Envelope, value), value
+            got = finite(service.latency(cur, dep, s.start_ns, s.end_ns, DEFAULT_POINTS))
+            return to_json(models.Latency, latency_body(dep, s, got)), got
+
+    work = [((r, d.name), lambda d=d, r=r: run(d, r)) for d in deps for r in ("envelope", "latency")]
+    return Cycle(end_ns, work)
 
 
 @router.get("/deployments/{name}/gpu", response_model=models.GpuSeries, summary="GPU activity series")

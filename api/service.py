@@ -28,7 +28,7 @@ import polars as pl
 from analyzer import catalog, modelcfg, planner
 from analyzer import stragglers as strag
 from analyzer.collectives import rank_waits, summary
-from analyzer.crossover import load_bins
+from analyzer.crossover import history_bins
 from analyzer.deployments import Deployment, list_deployments
 from analyzer.envelope import analyze_deployment
 from analyzer.latency import binned_quantiles, window_quantiles
@@ -95,8 +95,9 @@ def envelope(
 def load_curve(
     con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, th: Thresholds
 ) -> list[dict[str, float]]:
-    """The points Cp is fitted on: per ``bin_s`` bin, running requests vs tokens/s per GPU."""
-    bins = load_bins(con, dep, start_ns, end_ns, th).drop_nulls(["running", "tokens_per_s"])
+    """The points Cp is fitted on (:func:`history_bins`: per-minute rollups over long history):
+    per ``bin_s`` bin, running requests vs tokens/s per GPU."""
+    bins = history_bins(con, dep, start_ns, end_ns, th)
     gpus = max(dep.n_gpus, 1)
     return [
         {"concurrency": float(r), "tokens_per_s_per_gpu": float(t) / gpus}
@@ -123,6 +124,7 @@ def latency(
         "quantiles": [q.as_dict() for d in wq.values() for q in d.values()],
         "bin_s": bin_s,
         "series": series.sort(["concept", "q", "bin"]).to_dicts(),
+        "computed_at_s": time.time(),
     }
 
 

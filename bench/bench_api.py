@@ -176,32 +176,78 @@ def generate(path: Path, hours: float) -> dict[str, int]:
         return st.counts()
 
 
-async def _client(c: httpx.AsyncClient, paths: list[str], out: list[float]) -> None:
-    for p in paths:
-        t = time.perf_counter()
-        r = await c.get(p)
-        out.append((time.perf_counter() - t) * 1e3)
-        if r.status_code != 200:
-            raise RuntimeError(f"{p}: {r.status_code} {r.text[:200]}")
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bool]:
+    """One HTTP/1.1 response: ``(status, carried an Age header)``; the body is read and dropped."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split(b" ", 2)[1])
+    fields = dict(line.split(b":", 1) for line in lines[1:] if b":" in line)
+    fields = {k.strip().lower(): v.strip() for k, v in fields.items()}
+    await reader.readexactly(int(fields.get(b"content-length", b"0")))
+    return status, b"age" in fields
 
 
-async def load(base: str, paths: list[str], clients: int) -> tuple[list[float], float]:
-    """``paths`` split over ``clients`` concurrent keep-alive clients; latencies in ms."""
-    out: list[float] = []
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=base, timeout=300, limits=limits) as c:
-        t = time.perf_counter()
-        await asyncio.gather(*(_client(c, paths[i::clients], out) for i in range(clients)))
-        return out, time.perf_counter() - t
+async def _client(port: int, path: str, until: float, limit: int, out: Result) -> None:
+    """One keep-alive connection sending ``path`` until ``until`` (monotonic) or ``limit`` requests."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    req = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json\r\n\r\n".encode()
+    try:
+        while time.monotonic() < until and len(out.ms) < limit:
+            t = time.perf_counter()
+            writer.write(req)
+            status, aged = await _read_response(reader)
+            out.ms.append((time.perf_counter() - t) * 1e3)
+            out.aged += aged
+            if status != 200:
+                raise RuntimeError(f"{path}: HTTP {status}")
+    finally:
+        writer.close()
+
+
+class Result:
+    def __init__(self) -> None:
+        self.ms: list[float] = []
+        self.aged = 0  # answers carrying ``Age``: served from the refresher's snapshot
+        self.wall_s = 0.0
+
+
+async def load(port: int, paths: list[str], seconds: float, limit: int) -> Result:
+    """One client per path, all at once, for ``seconds`` or ``limit`` requests in all."""
+    out, t = Result(), time.perf_counter()
+    until = time.monotonic() + seconds
+    await asyncio.gather(*(_client(port, p, until, limit, out) for p in paths))
+    out.wall_s = time.perf_counter() - t
+    return out
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _pct(ms: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(ms), q))
 
 
-def serve(store: Path, port: int) -> subprocess.Popen[bytes]:
+def cpu_split(pin: bool) -> tuple[set[int] | None, set[int] | None]:
+    """Server and client CPU sets: the client gets the last usable CPU, the server the others."""
+    if not pin or not hasattr(os, "sched_getaffinity"):
+        return None, None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, None
+    return set(cpus[:-1]), {cpus[-1]}
+
+
+def serve(store: Path, port: int, cpus: set[int] | None) -> subprocess.Popen[bytes]:
+    """``ioe serve`` (with its refresher) on 127.0.0.1, pinned to ``cpus`` before exec."""
     ioe = Path(sys.executable).with_name("ioe")
-    proc = subprocess.Popen([str(ioe), "serve", "--store", str(store), "--port", str(port)])
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    proc = subprocess.Popen([str(ioe), "serve", "--store", str(store), "--port", str(port)], preexec_fn=pin)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -213,50 +259,75 @@ def serve(store: Path, port: int) -> subprocess.Popen[bytes]:
     raise RuntimeError("ioe serve did not become ready in 60 s")
 
 
-def run(requests: int, distinct: int, hours: float) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        store = Path(tmp) / "bench.duckdb"
+def open_store(path: Path, hours: float) -> None:
+    """Generate the store at ``path`` unless a file is already there (then it is reused as is)."""
+    if path.exists():
+        with Store(path) as st:
+            counts = st.counts()
+        print(f"store: reused {path}")
+    else:
         t = time.perf_counter()
-        counts = generate(store, hours)
-        size = store.stat().st_size / 2**20
-        print(f"store: {hours:g} h, {counts['gpu_samples']:,} gpu_samples, "
-              f"{counts['engine_samples']:,} engine, {counts['histogram_buckets']:,} buckets, "
-              f"{counts['collective_records']:,} collective rows, "
-              f"{size:.0f} MiB, generated in {time.perf_counter() - t:.0f} s")  # fmt: skip
+        counts = generate(path, hours)
+        print(f"store: generated in {time.perf_counter() - t:.0f} s")
+    print(f"store: {counts['gpu_samples']:,} gpu_samples, {counts['engine_samples']:,} engine, "
+          f"{counts['histogram_buckets']:,} buckets, {counts['collective_records']:,} collective rows, "
+          f"{path.stat().st_size / 2**20:.0f} MiB")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(args.store) if args.store else Path(tmp) / "bench.duckdb"
+        open_store(store, args.hours)
+        server_cpus, client_cpus = cpu_split(args.pin)
+        print(f"cpus: server {sorted(server_cpus or [])} client {sorted(client_cpus or [])} (empty: not "
+              f"pinned); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")  # fmt: skip
         port = 20000 + os.getpid() % 20000
-        proc = serve(store, port)
+        proc = serve(store, port, server_cpus)
+        if client_cpus:
+            os.sched_setaffinity(0, client_cpus)
         try:
-            _phases(f"http://127.0.0.1:{port}", requests, distinct, hours)
+            _phases(port, proc.pid, args)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
 
 
-def _phases(base: str, requests: int, distinct: int, hours: float) -> None:
-    end_s = T0_NS // NS + int(hours * 3600)
-    print(f"{'phase':<9} {'route':<10} {'reqs':>5} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'req/s':>7} "
-          f"{'p99/goal':>8}")  # fmt: skip
+def _phases(port: int, pid: int, args: argparse.Namespace) -> None:
+    end_s = T0_NS // NS + int(args.hours * 3600)
+    print(f"{'phase':<9} {'route':<9} {'reqs':>6} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>8} {'req/s':>6} "
+          f"{'cpu ms/req':>10} {'aged':>6} {'p99/goal':>8}")  # fmt: skip
     for route in ("envelope", "latency"):
-        path = f"/api/v1/deployments/{DEP}/{route}?window=15m"
-        cold = [f"{path}&at={end_s - 3600 - 7 * i}" for i in range(distinct)]
-        _row("cold", route, *asyncio.run(load(base, cold, clients=1)))
-        asyncio.run(load(base, [path], clients=1))  # warm-up: the first analysis of the default window
-        _row("shared", route, *asyncio.run(load(base, [path] * requests, clients=CLIENTS)))
+        path = f"/api/v1/deployments/{DEP}/{route}"
+        cold = [f"{path}?window=15m&at={end_s - 3600 - 7 * i}" for i in range(args.distinct)]
+        cpu = _cpu_s(pid)
+        runs = [asyncio.run(load(port, [p], 600, 1)) for p in cold]
+        _row("cold", route, runs, _cpu_s(pid) - cpu)
+        other = f"{path}?window=10m&at={end_s - 60}"
+        asyncio.run(load(port, [other], 600, 1))  # warm-up: first analysis of that window
+        for phase, p in (("default", path), ("cached", other)):
+            cpu = _cpu_s(pid)
+            runs = [asyncio.run(load(port, [p] * CLIENTS, args.seconds, args.requests))]
+            _row(phase, route, runs, _cpu_s(pid) - cpu)
 
 
-def _row(phase: str, route: str, ms: list[float], wall: float) -> None:
+def _row(phase: str, route: str, runs: list[Result], server_cpu_s: float) -> None:
+    ms = [m for r in runs for m in r.ms]
+    wall = sum(r.wall_s for r in runs)
     p99 = _pct(ms, 99)
-    print(f"{phase:<9} {route:<10} {len(ms):>5} {_pct(ms, 50):>8.1f} {p99:>8.1f} {max(ms):>8.1f} "
-          f"{len(ms) / wall:>7.0f} {p99 / GOAL_MS:>8.2f}")  # fmt: skip
+    print(f"{phase:<9} {route:<9} {len(ms):>6} {_pct(ms, 50):>7.1f} {p99:>7.1f} {max(ms):>8.1f} "
+          f"{len(ms) / wall:>6.0f} {server_cpu_s * 1e3 / len(ms):>10.2f} {sum(r.aged for r in runs):>6} "
+          f"{p99 / GOAL_MS:>8.2f}")  # fmt: skip
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=2000, help="requests per route and phase")
+    ap.add_argument("--seconds", type=float, default=35.0, help="length of each 50-client phase")
+    ap.add_argument("--requests", type=int, default=200_000, help="cap on requests per 50-client phase")
     ap.add_argument("--distinct", type=int, default=3, help="cold requests per route (distinct windows)")
     ap.add_argument("--hours", type=float, default=24.0)
-    args = ap.parse_args()
-    run(args.requests, args.distinct, args.hours)
+    ap.add_argument("--store", help="store file: reused when it exists, else generated there and kept")
+    ap.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin server and client CPUs")
+    run(ap.parse_args())
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ def serve(
     """Serve the REST API, OTLP/HTTP ingest, /metrics of verdicts and the page over a store."""
     import uvicorn
 
-    from api.app import create_app
+    from api.app import REFRESH_S, create_app
     from collector.agent import open_store
     from collector.maintenance import Maintainer
     from collector.store import Retention
@@ -29,7 +29,7 @@ def serve(
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
     st = open_store(settings)
-    app = create_app(settings, st)
+    app = create_app(settings, st, refresh_s=REFRESH_S)
     maintainer = Maintainer(st, settings.maintenance_interval_s,
                             Retention(settings.raw_retention_s, settings.rollup_retention_s))  # fmt: skip
     maintainer.start()
@@ -43,6 +43,7 @@ def serve(
             host=settings.listen_host,
             port=settings.listen_port,
             log_level="warning",
+            access_log=False,  # one log record per request costs more than a cached answer
             timeout_graceful_shutdown=2,
         )
     finally:
