@@ -102,7 +102,7 @@ class Agent:
                 port=self.settings.listen_port,
                 log_level="warning",
                 lifespan="off",
-                timeout_graceful_shutdown=2,
+                timeout_graceful_shutdown=10,
             )
         )
         if install_signals:

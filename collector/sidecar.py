@@ -162,9 +162,9 @@ class Sidecar:
             reader.name, SourceState(reader.name, "reader", host=self.settings.host)
         )
         ok, why = await asyncio.to_thread(reader.available)
-        if not ok:
+        if not ok:  # absent, not down: recorded in `targets`, not exported as ioe_target_up 0
             log.warning("reader %s not available: %s; carrying on without it", reader.name, why)
-            self._record(state, self.clock(), 0.0, error=f"unavailable: {why}")
+            self._record(state, self.clock(), 0.0, error=f"unavailable: {why}", export=False)
             return
         interval = self.settings.readers.interval_s
         while True:
@@ -202,6 +202,7 @@ class Sidecar:
         samples: int = 0,
         error: str = "",
         problems: list[Problem] | None = None,
+        export: bool = True,
     ) -> None:
         h = state.health
         h.scrapes += 1
@@ -211,12 +212,13 @@ class Sidecar:
         if error:
             h.failures += 1
             h.consecutive_failures += 1
-            if h.consecutive_failures == 1 or h.consecutive_failures % 60 == 0:
+            if export and (h.consecutive_failures == 1 or h.consecutive_failures % 60 == 0):
                 log.warning("%s down (%d in a row): %s", state.name, h.consecutive_failures, error)
         else:
             h.consecutive_failures = 0
         h.last_error = error
-        self._export(state)
+        if export:
+            self._export(state)
         self.sink.offer("targets", _health_frame(state, self.clock()))
 
     def _export(self, state: SourceState) -> None:

@@ -169,6 +169,11 @@ class EngineMetrics:
         self.reg = reg
         self.labels = (engine, reg.model_name)
         self.on_finish = on_finish
+        hists = (reg.ttft, reg.itl, reg.tpot, reg.e2e, reg.queue, reg.inference, reg.prefill, reg.decode)
+        for metric in (*hists, reg.running, reg.waiting, reg.kv_usage, reg.preemptions, reg.prompt_tokens,
+                       reg.generation_tokens):  # fmt: skip
+            metric.labels(*self.labels)  # every series exists at 0 from start-up, as in vLLM
+        reg.success.labels(*self.labels, "length")
 
     def step(self, cost: StepCost, decoding: int, prefill_tokens: int, itl_s: float) -> None:
         lab = self.labels
