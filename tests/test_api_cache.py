@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from api.cache import TTLCache
+from api.cache import MISSING, TTLCache
 
 
 class Clock:
@@ -80,3 +80,13 @@ def test_exceptions_are_not_cached_and_oldest_is_evicted() -> None:
     c.get("a", lambda: 2)
     c.get("b", lambda: 3)
     assert c.get("k", lambda: "recomputed") == "recomputed"  # "k" was the oldest of three
+
+
+def test_peek_never_computes_and_tells_a_miss_from_a_cached_none() -> None:
+    clock = Clock()
+    c = TTLCache(ttl_s=10, clock=clock)
+    assert c.peek("k") is MISSING
+    c.get("k", lambda: None)
+    assert c.peek("k") is None  # a cached None is a hit
+    clock.t = 10.0  # stale (though still served stale-while-revalidate by get): peek misses
+    assert c.peek("k") is MISSING and c.computed == 1
