@@ -46,6 +46,14 @@ def load_collectives(con: duckdb.DuckDBPyConnection, origin: str | None = None) 
     return pl.from_arrow(rel.to_arrow_table())  # type: ignore[return-value]
 
 
+def collectives_of(records: pl.DataFrame, origin: str | None = None) -> pl.DataFrame:
+    """:func:`load_collectives` over a ``collective_records`` frame (a one-shot report needs no store)."""
+    df = records if origin is None else records.filter(pl.col("origin") == origin)
+    return df.select(
+        *(c.strip() for c in _COLS.split(",")), pl.coalesce("start_us", "dump_ts_us").alias("t_us")
+    )
+
+
 def _windowed(records: pl.DataFrame, window_us: float | None) -> pl.DataFrame:
     if window_us is None or "t_us" not in records.columns:
         return records.with_columns(pl.lit(0, dtype=pl.Int64).alias("window"))

@@ -44,6 +44,16 @@ def load_kernels(
     return pl.from_arrow(con.execute(sql, params).to_arrow_table())  # type: ignore[return-value]
 
 
+def kernels_of(
+    events: pl.DataFrame, trace_set: str | None = None, include_last_step: bool = False
+) -> pl.DataFrame:
+    """:func:`load_kernels` over a ``kernel_events`` frame (a one-shot report needs no store)."""
+    keep = pl.col("kept_with_last" if include_last_step else "kept")
+    if trace_set is not None:
+        keep = keep & (pl.col("trace_set") == trace_set)
+    return events.filter(keep).select("rank", "ts_us", "dur_us", "kernel_type").sort(["rank", "ts_us"])
+
+
 def trace_sets(con: duckdb.DuckDBPyConnection) -> list[str]:
     """The trace sets present in the store."""
     return [r[0] for r in con.execute("SELECT DISTINCT trace_set FROM kernel_events ORDER BY 1").fetchall()]
@@ -71,18 +81,12 @@ def busy(starts: np.ndarray, ends: np.ndarray) -> int:
 
 
 def intersection(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> int:
-    """Total length of the intersection of two sets of disjoint sorted intervals."""
-    (a_s, a_e), (b_s, b_e) = a, b
-    total, i, j = 0, 0, 0
-    while i < a_s.size and j < b_s.size:
-        lo, hi = max(a_s[i], b_s[j]), min(a_e[i], b_e[j])
-        if hi > lo:
-            total += int(hi - lo)
-        if a_e[i] < b_e[j]:
-            i += 1
-        else:
-            j += 1
-    return total
+    """Total length of the intersection of two sets of disjoint sorted intervals.
+
+    ``|A ∩ B| = |A| + |B| − |A ∪ B|``, the union measured by merging both (exact in integers).
+    """
+    union = merge_intervals(np.concatenate([a[0], b[0]]), np.concatenate([a[1] - a[0], b[1] - b[0]]))
+    return busy(*a) + busy(*b) - busy(*union)
 
 
 def merged_by_type(rank_df: pl.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -177,7 +181,11 @@ def breakdowns(
     con: duckdb.DuckDBPyConnection, trace_set: str | None = None, include_last_step: bool = False
 ) -> dict[str, pl.DataFrame]:
     """Every breakdown of one trace set (or all of the store), keyed like HTA's reference files."""
-    kernels = load_kernels(con, trace_set, include_last_step)
+    return breakdowns_of(load_kernels(con, trace_set, include_last_step))
+
+
+def breakdowns_of(kernels: pl.DataFrame) -> dict[str, pl.DataFrame]:
+    """Every breakdown of the kernels of :func:`load_kernels` / :func:`kernels_of` (``{}`` for none)."""
     if kernels.height == 0:
         return {}
     return {

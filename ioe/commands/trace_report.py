@@ -1,34 +1,57 @@
-"""``ioe trace-report DIR``: HTA-equivalent breakdowns of a folder of Kineto traces."""
+"""``ioe trace-report DIR``: HTA-equivalent breakdowns of a folder of Kineto traces.
+
+A one-shot report needs no database: the parsed frames are kept in memory (a
+:class:`collector.store.MemorySink`), de-duplicated on each table's natural key the way the
+store's ``INSERT OR IGNORE`` would (first row wins), and analysed directly. ``ioe ingest``
+followed by the store-backed analyses gives the same numbers.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import polars as pl
 import typer
 
 from analyzer import hta
-from analyzer.collectives import instances, load_collectives, rank_waits
+from analyzer.collectives import collectives_of, instances, rank_waits
 from collector.formats import IngestContext
-from collector.ingest import ingest_paths
-from collector.store import Store
+from collector.ingest import IngestReport, ingest_paths
+from collector.records import TABLES
+from collector.store import MemorySink, Store
+
+
+def parsed_frames(paths: list[Path]) -> tuple[dict[str, pl.DataFrame], IngestReport]:
+    """Every file under ``paths`` parsed (format detection and refusals as ``ioe ingest``), one
+    frame per table with natural-key duplicates dropped (first wins, like the store)."""
+    sink = MemorySink()
+    ctx = IngestContext(ts_ns=time.time_ns(), source="trace-report")
+    report = ingest_paths(cast(Store, sink), paths, ctx)  # ingest_paths only calls .write (Sink)
+    tables = {}
+    for name in ("kernel_events", "collective_records"):
+        df = sink.frame(name)
+        if df.height:
+            tables[name] = df.unique(subset=list(TABLES[name].key), keep="first", maintain_order=True)
+    return tables, report
 
 
 def report(paths: list[Path], include_last_step: bool = False) -> dict[str, Any]:
-    """Ingest ``paths`` into an in-memory store; breakdowns and arrival skew per trace set."""
-    st = Store(":memory:")
-    ingest = ingest_paths(st, paths, IngestContext(ts_ns=time.time_ns(), source="trace-report"))
+    """Breakdowns and arrival skew per trace set of the Kineto traces under ``paths``."""
+    tables, ingest = parsed_frames(paths)
     out: dict[str, Any] = {"problems": [str(p) for p in ingest.problems], "sets": {}}
-    with st.cursor() as con:
-        for trace_set in hta.trace_sets(con):
-            tables = hta.breakdowns(con, trace_set, include_last_step)
-            entry = {name: df.to_dicts() for name, df in tables.items()}
-            waits = rank_waits(load_collectives(con, f"kineto:{trace_set}"))
-            entry["arrival_skew"] = instances(waits).to_dicts() if waits.height else []
-            out["sets"][trace_set] = entry
-    st.close()
+    events = tables.get("kernel_events")
+    if events is None:
+        return out
+    records = tables.get("collective_records")
+    for trace_set in sorted(events["trace_set"].unique().to_list()):
+        kernels = hta.kernels_of(events, trace_set, include_last_step)
+        entry = {name: df.to_dicts() for name, df in hta.breakdowns_of(kernels).items()}
+        waits = rank_waits(collectives_of(records, f"kineto:{trace_set}")) if records is not None else None
+        entry["arrival_skew"] = instances(waits).to_dicts() if waits is not None and waits.height else []
+        out["sets"][trace_set] = entry
     return out
 
 
