@@ -7,6 +7,8 @@ The reference CSVs in ``tests/data/kineto/hta_reference_results/`` were produced
 from __future__ import annotations
 
 import csv
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,37 @@ def test_merge_intervals_touching_and_nested() -> None:
 
 def test_paths_exist() -> None:
     assert Path(REF / "COMMANDS.md").is_file()
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_trace_report_without_store_equals_store(store: Store, last: bool) -> None:
+    """``ioe trace-report`` works on the parsed frames; it equals the store-backed analyses."""
+    from analyzer.collectives import instances, load_collectives, rank_waits
+    from ioe.commands.trace_report import report
+
+    sets = sorted({_set_of(c)[0] for c in CASES})
+    got = report([KINETO / s for s in sets], include_last_step=last)
+    assert sorted(got["sets"]) == sets and got["problems"] == []
+    with store.cursor() as con:
+        for s in sets:
+            want = {k: v.to_dicts() for k, v in hta.breakdowns(con, s, last).items()}
+            want["arrival_skew"] = instances(rank_waits(load_collectives(con, f"kineto:{s}"))).to_dicts()
+            assert json.dumps(got["sets"][s]) == json.dumps(want), s
+    tb = got["sets"]["nccl_parser_config_1rank"]["temporal_breakdown"][0]
+    assert tb["kernel_time(us)"] == (660550 if last else 435586)
+
+
+def test_trace_report_drops_duplicate_rows_like_the_store(tmp_path: Path) -> None:
+    """A rank's trace present twice counts once (natural key, first row wins), as ``ioe ingest`` would."""
+    from ioe.commands.trace_report import report
+
+    folder = tmp_path / "synthetic_4rank_straggler"
+    folder.mkdir()
+    for f in (KINETO / "synthetic_4rank_straggler").glob("rank-*.json.gz"):
+        shutil.copy(f, folder / f.name)
+    shutil.copy(folder / "rank-2.json.gz", folder / "rank-2-again.json.gz")
+    twice = report([folder])["sets"]["synthetic_4rank_straggler"]
+    once = report([KINETO / "synthetic_4rank_straggler"])["sets"]["synthetic_4rank_straggler"]
+    assert twice == once
+    assert [r["n_ranks"] for r in twice["arrival_skew"]] == [4, 4, 4, 4]
+    assert [r["comp_comm_overlap_pctg"] for r in twice["comm_comp_overlap"]] == [15.0, 15.0, 37.5, 15.79]

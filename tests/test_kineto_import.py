@@ -119,3 +119,35 @@ def test_ingest_dir_keeps_good_files(tmp_path: Path) -> None:
     assert good.exists()
     assert report.rows["collective_records"] == 16 and report.rows["kernel_events"] == 48
     assert len(report.problems) == 1 and "rank-2.json" in report.problems[0].location
+
+
+def test_typed_decode_equals_full_decode() -> None:
+    """The msgspec typed decode (only the keys read) parses to the same frames as a full orjson decode."""
+    pytest.importorskip("msgspec")
+    import orjson
+
+    for rel in ("nccl_parser_config_1rank/nccl_data.json.gz", "trace_filter_2rank/sampled_rank-0.json.gz"):
+        path = KINETO / rel
+        typed = kineto.read_trace(path)
+        assert "Input Dims" not in str(typed["traceEvents"][:200])  # keys the parser never reads are gone
+        full = orjson.loads(gzip.decompress(path.read_bytes()))
+        a = kineto.parse_document(typed, path.parent.name, path.name)
+        b = kineto.parse_document(full, path.parent.name, path.name)
+        assert set(a.tables) == set(b.tables) == {"kernel_events", "collective_records"}
+        for table in a.tables:
+            assert a.tables[table].equals(b.tables[table]), (rel, table)
+    kernels = a.tables["kernel_events"]
+    assert kernels.height == 1204 and int(kernels["dur_us"].sum()) > 0
+
+
+def test_non_object_events_fall_back_to_full_decode(tmp_path: Path) -> None:
+    """A document the typed decode refuses (a number among the events) still parses; the bad entry
+    is reported and the good event kept."""
+    doc = {"schemaVersion": 1, "traceEvents": [7, {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 10,
+           "dur": 5, "args": {"stream": 7, "correlation": 1}}]}  # fmt: skip
+    path = tmp_path / "rank-3.json"
+    path.write_text(json.dumps(doc))
+    parsed = kineto.load(path, CTX)
+    assert [p.message for p in parsed.problems] == ["1 traceEvents entries are not objects; skipped"]
+    row = parsed.tables["kernel_events"].row(0, named=True)
+    assert (row["rank"], row["ts_us"], row["dur_us"], row["kernel_type"]) == (3, 10, 5, "COMPUTATION")
