@@ -28,13 +28,13 @@ from ioe.settings import Settings
 log = logging.getLogger(__name__)
 
 
-def open_store(settings: Settings) -> Any:
+def open_store(settings: Settings, *, threads: int | None = None) -> Any:
     """The store chosen by ``settings.store_backend``: an embedded DuckDB file or DuckLake."""
     if settings.store_backend == "ducklake":
         from collector.lake import open_store as open_lake
 
         return open_lake(settings)
-    return Store(settings.store_path)
+    return Store(settings.store_path, threads=threads)
 
 
 def build_readers(settings: Settings) -> list[Reader]:
@@ -70,7 +70,7 @@ class Agent:
     def __init__(self, settings: Settings, *, readers: list[Reader] | None = None):
         self.settings = settings
         self.metrics = SelfMetrics()
-        self.store = open_store(settings)
+        self.store = open_store(settings, threads=1)  # small batched inserts: one thread is cheapest
         self.queue = QueueSink(settings.queue_max_batches, on_drop=self._dropped)
         self.writer = WriterThread(
             self.queue,

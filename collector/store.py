@@ -58,12 +58,14 @@ class Retention:
 class Store:
     """DuckDB-backed store. Thread-safe: writes are serialized; reads use their own cursor."""
 
-    def __init__(self, path: str | Path = ":memory:", *, read_only: bool = False):
+    def __init__(self, path: str | Path = ":memory:", *, read_only: bool = False, threads: int | None = None):
+        """``threads``: DuckDB worker threads (default: the CPUs this process may use). A sidecar,
+        which mostly inserts small batches, passes 1: extra threads only add scheduling cost."""
         self.path = str(path)
         self.read_only = read_only
         self._lock = threading.RLock()
         try:
-            self.con = duckdb.connect(self.path, read_only=read_only, config={"threads": _cpus()})
+            self.con = duckdb.connect(self.path, read_only=read_only, config={"threads": threads or _cpus()})
         except duckdb.Error as exc:
             raise StoreError(f"store {self.path}: cannot open ({exc})") from exc
         if not read_only:
