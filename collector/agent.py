@@ -120,7 +120,11 @@ class Agent:
             self.close()
 
     def _extra_loops(self) -> list[Callable[[], Any]]:
-        loops: list[Callable[[], Any]] = [self._maintenance_loop]
+        # On DuckLake many sidecars share one store and rollups are not safe from two processes at
+        # once: `ioe serve` is the one maintainer there (collector.maintenance).
+        loops: list[Callable[[], Any]] = (
+            [] if self.settings.store_backend == "ducklake" else [self._maintenance_loop]
+        )
         if self.settings.nccl_inspector_dir:
             loops.append(self._inspector_loop)
         return loops
