@@ -61,7 +61,9 @@ def _windowed(records: pl.DataFrame, window_us: float | None) -> pl.DataFrame:
 
 
 KEY = ["origin", "comm_id", "coll_sn"]
-_NONE = np.nan  # "no value" in the numpy helpers; turned into null when a column is built
+_NONE = (
+    np.nan
+)  # "no value" in the numpy helpers, null in the frames (inputs are JSON / DuckDB numbers: never NaN)
 
 
 def _dense(keys: np.ndarray) -> np.ndarray:
@@ -95,7 +97,7 @@ def instance_ids(df: pl.DataFrame) -> tuple[np.ndarray, int]:
     return ids, int(ids.max()) + 1
 
 
-def _values(s: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+def values_of(s: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     """``(float values, valid)`` of a column; null rows get 0 and ``valid = False``."""
     return s.fill_null(0).cast(pl.Float64).to_numpy(), s.is_not_null().to_numpy()
 
@@ -143,7 +145,7 @@ def _culprits(
 
 def _wait_columns(ids: np.ndarray, n: int, df: pl.DataFrame) -> dict[str, np.ndarray]:
     """Rules 2–3 as row-level arrays: ``timed, wait_us, skew_us, transfer_us, last_rank`` (NaN = null)."""
-    cols: dict[str, Any] = {c: _values(df[c]) for c in ("start_us", "exec_us", "stop_us")}
+    cols: dict[str, Any] = {c: values_of(df[c]) for c in ("start_us", "exec_us", "stop_us")}
     (s, s_ok), (e, e_ok), (stop, stop_ok) = cols["start_us"], cols["exec_us"], cols["stop_us"]
     timed = np.bincount(ids[~s_ok], minlength=n) == 0
     smax, smin = group_extreme(ids, n, s, s_ok, np.maximum), group_extreme(ids, n, s, s_ok, np.minimum)

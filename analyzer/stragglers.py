@@ -36,7 +36,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analyzer.collectives import group_extreme, instance_ids, load_collectives, rank_waits
+from analyzer.collectives import group_extreme, instance_ids, load_collectives, rank_waits, values_of
 
 
 @dataclass(frozen=True)
@@ -74,21 +74,24 @@ class Straggler:
     comm_id: str = ""
 
 
+def _with_window(waits: pl.DataFrame, window_us: float) -> pl.DataFrame:
+    """Adds ``_g`` (the instance id) and ``window``: that of the instance's earliest start
+    (``start_us``, else ``t_us``; 0 when it has none)."""
+    ids, n = instance_ids(waits)
+    t = waits.select(pl.coalesce([c for c in ("start_us", "t_us") if c in waits.columns])).to_series()
+    first = pl.Series(group_extreme(ids, n, *values_of(t), np.minimum)[ids], nan_to_null=True)
+    return waits.with_columns(
+        pl.Series("_g", ids), (first.fill_null(0) // window_us).cast(pl.Int64).alias("window")
+    )
+
+
 def blame_by_window(waits: pl.DataFrame, window_us: float) -> pl.DataFrame:
     """Rules 1–2. One row per (window, rank): ``blame_us, waited_us, share, instances``.
 
     An instance's window is that of its earliest start (``start_us``, else ``t_us``); instances
     are grouped by :func:`analyzer.collectives.instance_ids` (integers, not the string key).
     """
-    ids, n = instance_ids(waits)
-    t = waits.select(pl.coalesce([c for c in ("start_us", "t_us") if c in waits.columns])).to_series()
-    first = group_extreme(
-        ids, n, t.fill_null(0).cast(pl.Float64).to_numpy(), t.is_not_null().to_numpy(), np.minimum
-    )
-    w = waits.with_columns(
-        pl.Series("_g", ids),
-        (pl.Series(first[ids], nan_to_null=True).fill_null(0) // window_us).cast(pl.Int64).alias("window"),
-    )
+    w = _with_window(waits, window_us)
     inst = w.group_by("_g").agg(
         pl.col("window").first(),
         pl.col("last_rank").first().alias("rank"),
