@@ -13,7 +13,7 @@ from pathlib import Path
 from collector.errors import ParseError, Problem
 from collector.formats import SNIFF_BYTES, FileFormat, IngestContext, Parsed, file_formats
 from collector.records import frame
-from collector.store import Store
+from collector.sink import Sink
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def detect(path: Path, formats: list[FileFormat]) -> FileFormat | None:
     return None
 
 
-def ingest_paths(store: Store, paths: Iterable[str | Path], ctx: IngestContext | None = None) -> IngestReport:
+def ingest_paths(store: Sink, paths: Iterable[str | Path], ctx: IngestContext | None = None) -> IngestReport:
     """Parse every recognized file under ``paths`` and write its rows; one bad file never stops the rest."""
     ctx = ctx or IngestContext(ts_ns=time.time_ns())
     formats = file_formats()
@@ -77,7 +77,7 @@ def ingest_paths(store: Store, paths: Iterable[str | Path], ctx: IngestContext |
     return report
 
 
-def _write(store: Store, parsed: Parsed, path: Path, report: IngestReport) -> None:
+def _write(store: Sink, parsed: Parsed, path: Path, report: IngestReport) -> None:
     for table, batch in parsed.tables.items():
         report.rows[table] += store.write(table, batch)
     if parsed.problems:

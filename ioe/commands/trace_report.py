@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import polars as pl
 import typer
@@ -21,7 +21,7 @@ from analyzer.collectives import collectives_of, instances, rank_waits
 from collector.formats import IngestContext
 from collector.ingest import IngestReport, ingest_paths
 from collector.records import TABLES
-from collector.store import MemorySink, Store
+from collector.store import MemorySink
 
 
 def parsed_frames(paths: list[Path]) -> tuple[dict[str, pl.DataFrame], IngestReport]:
@@ -29,7 +29,7 @@ def parsed_frames(paths: list[Path]) -> tuple[dict[str, pl.DataFrame], IngestRep
     frame per table with natural-key duplicates dropped (first wins, like the store)."""
     sink = MemorySink()
     ctx = IngestContext(ts_ns=time.time_ns(), source="trace-report")
-    report = ingest_paths(cast(Store, sink), paths, ctx)  # ingest_paths only calls .write (Sink)
+    report = ingest_paths(sink, paths, ctx)
     tables = {}
     for name in ("kernel_events", "collective_records"):
         df = sink.frame(name)
