@@ -56,6 +56,7 @@ def create_app(
     app.state.registries = []
     app.state.cache = TTLCache(ttl_s=CACHE_TTL_S)
     app.state.refresher = None
+    app.state.tasks = set()  # background refreshes of stale cached bodies (api.routes)
     for key, value in state.items():
         setattr(app.state, key, value)
     if refresh_s is not None:

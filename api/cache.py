@@ -12,6 +12,11 @@ Rules:
 
   6. :meth:`TTLCache.peek` answers a fresh value without ever computing or waiting (the event
      loop's fast path); a miss is :data:`MISSING`, so a cached ``None`` stays distinguishable.
+  7. :meth:`TTLCache.peek_stale` is rule 5 for the event loop: a stale value (up to
+     ``max_stale_s``) is answered too, and exactly one caller per stale period is told to
+     refresh the key (``claim``); it must call :meth:`TTLCache.refreshed` when done, whatever
+     the outcome. Without this, every request for a stale key would queue on the thread pool
+     behind its refresh.
 
 One instance belongs to one app (``app.state.cache``): no module-level state.
 """
@@ -38,6 +43,7 @@ class TTLCache:
         self._values: OrderedDict[Hashable, tuple[float, Any]] = OrderedDict()
         self._locks: dict[Hashable, threading.Lock] = {}
         self._guard = threading.Lock()
+        self._refreshing: set[Hashable] = set()
         self.computed = 0
         self.hits = 0
 
@@ -72,6 +78,24 @@ class TTLCache:
         """Rule 6: the value of ``key`` when fresh (within ``ttl_s``), else :data:`MISSING`."""
         got = self._fresh(key)
         return MISSING if got is None else got[1]
+
+    def peek_stale(self, key: Hashable) -> tuple[Any, bool]:
+        """Rule 7: ``(value or MISSING, claim)``; ``claim`` is True for the one caller to refresh."""
+        with self._guard:
+            got = self._values.get(key)
+            age = None if got is None else self.clock() - got[0]
+            if got is None or age is None or age >= self.max_stale_s:
+                return MISSING, False
+            self.hits += 1
+            if age < self.ttl_s or key in self._refreshing:
+                return got[1], False
+            self._refreshing.add(key)
+            return got[1], True
+
+    def refreshed(self, key: Hashable) -> None:
+        """Rule 7: the claimed refresh of ``key`` is over."""
+        with self._guard:
+            self._refreshing.discard(key)
 
     def _fresh(self, key: Hashable, age_s: float | None = None) -> tuple[float, Any] | None:
         with self._guard:

@@ -19,6 +19,8 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -48,6 +50,7 @@ from api.refresher import Cycle
 from collector.records import TABLES
 from ioe.readonly import ReadOnlyQueryError
 
+log = logging.getLogger("ioe.api")
 NS = 1_000_000_000
 STRAGGLER_SLICE_S = 10.0
 DEFAULT_WINDOW, DEFAULT_POINTS = "15m", 120
@@ -214,7 +217,8 @@ def ready_answer(
 ) -> Response | None:
     """Rule 5: the already computed answer, or ``None`` (a miss: compute in the thread pool).
 
-    Never computes and never waits; parameters are parsed (and refused) as the slow path would."""
+    Never computes and never waits; parameters are parsed (and refused) as the slow path would.
+    A stale cached body is answered too, and its refresh runs in the background (cache rule 7)."""
     check_name(name)
     seconds, end_ns = parse_window(window), parse_at(at)
     app = request.app
@@ -229,8 +233,28 @@ def ready_answer(
         if end_ns is MISSING or end_ns is None:
             return None
     s = Span(end_ns - int(seconds * NS), end_ns)
-    body = app.state.cache.peek(("json", route, name, s, *extra))
+    key = ("json", route, name, s, *extra)
+    body, claim = app.state.cache.peek_stale(key)
+    if claim:
+        slow = _envelope_route if route == "envelope" else _latency_route
+        _in_background(app, key, lambda: slow(request, name, window, at, *extra))
     return None if body is MISSING else Response(body, media_type="application/json")
+
+
+def _in_background(app: Any, key: tuple[Any, ...], refresh: Callable[[], Any]) -> None:
+    """Cache rule 7: ``refresh`` in the thread pool, not awaited; the claim is released after."""
+
+    async def run() -> None:
+        try:
+            await run_in_threadpool(refresh)
+        except Exception as exc:  # the next caller that computes it gets the error itself
+            log.info("background refresh of %r failed: %s", key[:3], exc)
+        finally:
+            app.state.cache.refreshed(key)
+
+    task = asyncio.get_running_loop().create_task(run())
+    app.state.tasks.add(task)  # a reference until done: the loop keeps only weak ones
+    task.add_done_callback(app.state.tasks.discard)
 
 
 _DEFAULTS: dict[str, tuple[Any, ...]] = {"envelope": (), "latency": (DEFAULT_POINTS,)}

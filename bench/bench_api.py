@@ -3,21 +3,33 @@
 Goal (issue 7): p99 < 100 ms for ``/envelope`` and ``/latency`` at 50 concurrent clients over a
 store holding 24 h of one 8-GPU node at 1 Hz. The peer is the goal itself (ratio printed).
 
-Store (SYNTHETIC, generated once into a temporary DuckDB file, vectorized): one declared
-deployment (2 vLLM engines, TP4 × DP2, 8 GPUs on one host), load following a day curve; per
-second: 6 DCGM metrics × 8 GPUs, 9 engine gauges/counters × 2 engines, TTFT and ITL histograms
-(vLLM buckets, lognormal) × 2 engines, and an 8-rank AllReduce; then ``Store.maintain`` rolls
-complete minutes up. The server is ``ioe serve --store FILE`` in a child process; the client
-(asyncio + httpx, keep-alive, one connection per client) runs here.
+Store (SYNTHETIC, generated into a DuckDB file, vectorized; ``--store`` keeps and reuses it):
+one declared deployment (2 vLLM engines, TP4 × DP2, 8 GPUs on one host), load following a day
+curve, the 24 h ending at generation time (so ``ioe serve``'s retention keeps it); per second:
+6 DCGM metrics × 8 GPUs, 9 engine gauges/counters × 2 engines, TTFT and ITL histograms (vLLM
+buckets, lognormal) × 2 engines, and an 8-rank AllReduce every 10 s; then ``Store.maintain``
+rolls complete minutes up.
+
+Server: ``ioe serve --store FILE`` in a child process, as deployed: its refresher precomputes
+the default window every 15 s and its store maintenance runs every 60 s, both during the load.
+Client: this process, plain asyncio streams speaking HTTP/1.1 keep-alive (one connection per
+client, ~10x cheaper per request than httpx, so the client does not starve the server). With
+``--pin`` (default, where ``os.sched_setaffinity`` exists and there are ≥ 2 CPUs) the server
+is pinned to all CPUs but the last and the client to the last one.
 
 Phases, per route:
   1. ``cold``: ``--distinct`` sequential requests (one client), each for a different window end
-     (``at``), so each is a full analysis with nothing cached: the cost of a cache miss.
-  2. ``shared``: after one warm-up request, ``--requests`` requests over 50 concurrent clients,
-     all for the default window (15 min ending at the newest sample): what pages and Prometheus
-     ask; the TTL cache makes it one analysis per 10 s, served stale-while-revalidate.
+     (``at``): a full analysis with nothing cached, the cost of a miss.
+  2. ``default``: 50 concurrent clients for ``--seconds``, all for the default window (15 min
+     ending at the newest sample): what pages and Prometheus ask; answered from the
+     refresher's snapshot (``aged`` counts answers carrying its ``Age`` header).
+  3. ``cached``: 50 clients for ``--seconds`` on another fixed window (10 min, explicit ``at``)
+     after one warm-up: TTL-cache hits on the event loop, refreshed in the background every 10 s.
 
-Run: ``.venv/bin/python -m bench.bench_api [--requests N] [--distinct N] [--hours H]``.
+``cpu ms/req`` is the server's user+system CPU over the phase divided by its requests
+(refresher and maintenance included).
+
+Run: ``.venv/bin/python -m bench.bench_api [--seconds S] [--store FILE] [--no-pin] [--hours H]``.
 """
 
 from __future__ import annotations
@@ -41,7 +53,6 @@ from collector.records import frame
 from collector.store import Store
 
 NS = 1_000_000_000
-T0_NS = 1_767_225_600 * NS  # 2026-01-01T00:00:00Z
 GPUS, ENGINES, CLIENTS, GOAL_MS = 8, 2, 50, 100.0
 ITL_LE = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, math.inf)
 TTFT_LE = (0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, math.inf)
@@ -132,13 +143,13 @@ def _flat(cols: dict[str, list]) -> dict[str, list]:
     return out
 
 
-def _deployment() -> object:
+def _deployment(t0_ns: int) -> object:
     spec = {"targets": [f"{DEP}-engine-{e}" for e in range(ENGINES)],
             "gpus": [f"GPU-{DEP}-{g:02d}" for g in range(GPUS)]}  # fmt: skip
     return frame("deployments", [{"name": DEP, "model": "llama-3.1-70b", "gpu_type": "h100_sxm", "tp": 4,
                                   "pp": 1, "dp": 2, "ep": 1, "roles": "{}", "nodes": '["node0"]',
                                   "fabric": "nvlink4", "engine": "vllm", "origin": "config",
-                                  "spec": json.dumps(spec), "updated_ns": T0_NS}])  # fmt: skip
+                                  "spec": json.dumps(spec), "updated_ns": t0_ns}])  # fmt: skip
 
 
 def _collectives(ts: np.ndarray, sn0: int, rng: np.random.Generator) -> object:
@@ -157,21 +168,23 @@ def _collectives(ts: np.ndarray, sn0: int, rng: np.random.Generator) -> object:
 
 
 def generate(path: Path, hours: float) -> dict[str, int]:
-    """Write ``hours`` of 1 Hz telemetry into a new store at ``path``; returns row counts."""
+    """Write ``hours`` of 1 Hz telemetry ending now (minute-aligned) into a new store at ``path``,
+    so the server's retention keeps all of it; returns row counts."""
     rng = np.random.default_rng(7)
     acc: dict[str, np.ndarray] = {}
+    t0_ns = (time.time_ns() // (60 * NS) - int(hours * 60)) * 60 * NS
     with Store(path) as st:
-        st.write("deployments", _deployment())
+        st.write("deployments", _deployment(t0_ns))
         for h in range(math.ceil(hours)):
             secs = np.arange(h * 3600 + 1, min((h + 1) * 3600, hours * 3600) + 1)
-            ts = T0_NS + secs.astype(np.int64) * NS
+            ts = t0_ns + secs.astype(np.int64) * NS
             x = _load(secs.astype(float))
             st.write("gpu_samples", _gpu(ts, x, rng))
             eng, hist = _engine(ts, x, acc)
             st.write("engine_samples", eng)
             st.write("histogram_buckets", hist)
             st.write("collective_records", _collectives(ts[::10], h * 360, rng))  # one every 10 s
-        st.maintain(now_ns=T0_NS + int(hours * 3600) * NS + 60 * NS)
+        st.maintain(now_ns=t0_ns + int(hours * 3600) * NS + 60 * NS)
         st.checkpoint()
         return st.counts()
 
@@ -259,25 +272,31 @@ def serve(store: Path, port: int, cpus: set[int] | None) -> subprocess.Popen[byt
     raise RuntimeError("ioe serve did not become ready in 60 s")
 
 
-def open_store(path: Path, hours: float) -> None:
-    """Generate the store at ``path`` unless a file is already there (then it is reused as is)."""
+def open_store(path: Path, hours: float) -> int:
+    """Generate the store at ``path`` unless a file is already there (then it is reused as is);
+    returns its newest sample time (s), the default window's end."""
     if path.exists():
-        with Store(path) as st:
-            counts = st.counts()
         print(f"store: reused {path}")
     else:
         t = time.perf_counter()
-        counts = generate(path, hours)
+        generate(path, hours)
         print(f"store: generated in {time.perf_counter() - t:.0f} s")
+    with Store(path) as st:
+        counts = st.counts()
+        with st.cursor() as cur:
+            row = cur.execute("SELECT max(ts_ns), min(ts_ns) FROM engine_samples").fetchone()
+    if not row or row[0] is None or (row[0] - row[1]) / NS < hours * 3600 - 60:
+        raise RuntimeError(f"{path} does not hold {hours:g} h of raw engine samples (retention ran?)")
     print(f"store: {counts['gpu_samples']:,} gpu_samples, {counts['engine_samples']:,} engine, "
           f"{counts['histogram_buckets']:,} buckets, {counts['collective_records']:,} collective rows, "
           f"{path.stat().st_size / 2**20:.0f} MiB")  # fmt: skip
+    return int(row[0] // NS)
 
 
 def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(args.store) if args.store else Path(tmp) / "bench.duckdb"
-        open_store(store, args.hours)
+        end_s = open_store(store, args.hours)
         server_cpus, client_cpus = cpu_split(args.pin)
         print(f"cpus: server {sorted(server_cpus or [])} client {sorted(client_cpus or [])} (empty: not "
               f"pinned); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")  # fmt: skip
@@ -286,14 +305,13 @@ def run(args: argparse.Namespace) -> None:
         if client_cpus:
             os.sched_setaffinity(0, client_cpus)
         try:
-            _phases(port, proc.pid, args)
+            _phases(port, proc.pid, end_s, args)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
 
 
-def _phases(port: int, pid: int, args: argparse.Namespace) -> None:
-    end_s = T0_NS // NS + int(args.hours * 3600)
+def _phases(port: int, pid: int, end_s: int, args: argparse.Namespace) -> None:
     print(f"{'phase':<9} {'route':<9} {'reqs':>6} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>8} {'req/s':>6} "
           f"{'cpu ms/req':>10} {'aged':>6} {'p99/goal':>8}")  # fmt: skip
     for route in ("envelope", "latency"):
@@ -322,7 +340,7 @@ def _row(phase: str, route: str, runs: list[Result], server_cpu_s: float) -> Non
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=35.0, help="length of each 50-client phase")
-    ap.add_argument("--requests", type=int, default=200_000, help="cap on requests per 50-client phase")
+    ap.add_argument("--requests", type=int, default=1_000_000, help="cap on requests per 50-client phase")
     ap.add_argument("--distinct", type=int, default=3, help="cold requests per route (distinct windows)")
     ap.add_argument("--hours", type=float, default=24.0)
     ap.add_argument("--store", help="store file: reused when it exists, else generated there and kept")

@@ -90,3 +90,18 @@ def test_peek_never_computes_and_tells_a_miss_from_a_cached_none() -> None:
     assert c.peek("k") is None  # a cached None is a hit
     clock.t = 10.0  # stale (though still served stale-while-revalidate by get): peek misses
     assert c.peek("k") is MISSING and c.computed == 1
+
+
+def test_peek_stale_answers_stale_values_and_hands_out_one_refresh() -> None:
+    clock = Clock()
+    c = TTLCache(ttl_s=10, clock=clock)
+    assert c.peek_stale("k") == (MISSING, False)
+    c.get("k", lambda: "old")
+    assert c.peek_stale("k") == ("old", False)  # fresh: nothing to refresh
+    clock.t = 15.0
+    assert c.peek_stale("k") == ("old", True)  # the first caller past ttl_s refreshes
+    assert c.peek_stale("k") == ("old", False)  # the others are answered stale meanwhile
+    c.refreshed("k")  # that refresh failed: the next caller claims it again
+    assert c.peek_stale("k") == ("old", True)
+    clock.t = 60.0  # max_stale_s: too old to answer, callers compute (and wait)
+    assert c.peek_stale("k") == (MISSING, False) and c.computed == 1
