@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 
 from api import routes
 from api.app import create_app
+from api.cache import MISSING, TTLCache
 from api.fastpath import SnapshotFastPath
 from api.refresher import Cycle, Refresher
 from collector.store import Store
@@ -243,3 +244,25 @@ def test_envelope_and_latency_conform_to_openapi_with_the_refresher(store: Store
             case.call_and_validate()
 
         run()
+
+
+def test_stale_body_is_answered_at_once_and_refreshed_in_the_background(store: Store) -> None:
+    clock = Clock()
+    app = create_app(Settings(store_path=":memory:"), store)
+    app.state.cache = TTLCache(ttl_s=10, clock=clock)
+    path = f"{BASE}/latency?window=5m&points=30&at={END_NS / NS}"
+    with TestClient(app) as c:
+        first = c.get(path)
+        computed = app.state.cache.computed  # latency analysis + its body (+ deployments)
+        clock.t += 15.0  # stale, within max_stale_s
+        second = c.get(path)
+        assert second.content == first.content  # the stale body, not a wait for the refresh
+        deadline = time.monotonic() + 30
+        while (app.state.tasks or app.state.cache.computed < computed + 3) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    # the deployments look-up, the analysis and its body, each recomputed once, in the background
+    assert app.state.cache.computed == computed + 3
+    key = ("json", "latency", "llama70b", routes.Span(END_NS - 300 * NS, END_NS), 30)
+    fresh, claim = app.state.cache.peek_stale(key)
+    assert not app.state.tasks and not claim  # fresh again: nothing left to refresh
+    assert fresh is not MISSING and fresh != first.content  # a new body (a new computed_at_s)
