@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 import duckdb
@@ -107,10 +108,17 @@ def plan_for_deployment(
     base = planner.evaluate(prob, layout, work)
     return {
         "deployment": deployment,
-        "workload": work.__dict__,
+        "problem": {
+            "model": prob.model.name,
+            "gpu": prob.gpu.name,
+            "gpus": prob.gpus,
+            "nodes": prob.nodes,
+            "fabric": prob.fabric.name,
+        },
+        "workload": asdict(work),
         "baseline": base.as_dict(),
         "candidates": [c.as_dict() for c in ranked[:top]],
-        "verdict": planner.compare(base, ranked[0]) if ranked else "no layout fits",
+        "verdict": planner.compare(base, ranked[0]) if ranked else "no layout meets the SLOs",
     }
 
 

@@ -32,6 +32,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from analyzer.report import latest_ns
 from api import models, service
 from api.auth import require_token
 from api.cache import MISSING
@@ -144,7 +145,7 @@ def default_end(app: Any) -> int:
     refresher = getattr(app.state, "refresher", None)
     end = refresher.end_ns() if refresher is not None else None
     if end is None:
-        end = cached_on(app, ("latest",), service.latest_ns)
+        end = cached_on(app, ("latest",), latest_ns)
     return end if end is not None else time.time_ns()
 
 
@@ -314,7 +315,7 @@ def latency_body(dep: Any, s: Span, got: dict[str, Any]) -> dict[str, Any]:
 def refresh_cycle(app: Any) -> Cycle:
     """The refresher's work (rule 6): every deployment's default-window envelope and latency."""
     with app.state.store.cursor() as cur:
-        end_ns = service.latest_ns(cur) or time.time_ns()
+        end_ns = latest_ns(cur) or time.time_ns()
         deps = service.deployments(cur)
     s = Span(end_ns - int(DEFAULT_WINDOW_S * NS), end_ns)
 

@@ -25,7 +25,6 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from analyzer import catalog, modelcfg, planner
 from analyzer import stragglers as strag
 from analyzer.collectives import rank_waits, summary
 from analyzer.crossover import history_bins
@@ -33,6 +32,7 @@ from analyzer.deployments import Deployment, list_deployments
 from analyzer.envelope import analyze_deployment
 from analyzer.latency import binned_quantiles, window_quantiles
 from analyzer.regression import p99_regression
+from analyzer.report import plan_for_deployment
 from analyzer.thresholds import Thresholds
 
 NS = 1_000_000_000
@@ -46,15 +46,6 @@ LINK_METRICS = (
     "pcie_rx_bytes_per_s",
 )
 LATENCY_QS = (0.5, 0.9, 0.99)
-
-
-def latest_ns(con: duckdb.DuckDBPyConnection) -> int | None:
-    """The newest engine or GPU sample time (the default window end)."""
-    row = con.execute(
-        "SELECT greatest(coalesce((SELECT max(ts_ns) FROM engine_samples), 0),"
-        " coalesce((SELECT max(ts_ns) FROM gpu_samples), 0))"
-    ).fetchone()
-    return int(row[0]) if row and row[0] else None
 
 
 def deployments(con: duckdb.DuckDBPyConnection) -> list[Deployment]:
@@ -203,8 +194,9 @@ def stragglers(
     th = strag.Thresholds(window_s=window_s)
     records = collective_records(con, dep, start_ns, end_ns)
     out: dict[str, Any] = {"thresholds": asdict(th), "stragglers": [], "heatmap": []}
-    for (origin,), part in records.group_by(["origin"], maintain_order=True):
+    for (origin, comm), part in records.group_by(["origin", "comm_id"], maintain_order=True):
         for s in strag.find_stragglers(part, th):
+            s.comm_id = str(comm)  # ranks are numbered per communicator: map them within it
             found = asdict(strag.root_cause(con, s, str(origin), None, th))
             out["stragglers"].append({"origin": str(origin), **found})
         waits = rank_waits(part)
@@ -220,17 +212,12 @@ def stragglers(
 def plan(
     con: duckdb.DuckDBPyConnection, dep: Deployment, ttft_slo_s: float, tpot_slo_s: float, top: int
 ) -> dict[str, Any]:
-    """Rule 4; ``ValueError``/``KeyError`` when the deployment lacks a model, GPU or workload."""
-    work = planner.workload_from_store(con, dep.name, ttft_slo_s, tpot_slo_s)
-    layout, info = planner.current_layout(con, dep.name)
-    fabric = catalog.fabric(info["fabric"]) if info["fabric"] else catalog.fabric("ib_ndr")
-    prob = planner.Problem(modelcfg.load(info["model"] or dep.model), catalog.gpu(info["gpu"] or "h100_sxm"),
-                           layout.gpus, max(len(dep.nodes), 1), fabric)  # fmt: skip
-    ranked = planner.search(prob, work)
-    base = planner.evaluate(prob, layout, work)
+    """Rule 4 (:func:`analyzer.report.plan_for_deployment`); ``ValueError``/``KeyError`` when the
+    deployment lacks a model, GPU or workload."""
+    got = plan_for_deployment(con, dep.name, ttft_slo_s=ttft_slo_s, tpot_slo_s=tpot_slo_s, top=top)
+    prob = got["problem"]
     return {
-        "model": prob.model.name, "gpu": prob.gpu.name, "gpus": prob.gpus, "nodes": prob.nodes,
-        "fabric": prob.fabric.name, "workload": asdict(work),
-        "candidates": [c.as_dict() for c in ranked[:top]], "current": base.as_dict(),
-        "change": planner.compare(base, ranked[0]) if ranked else "no layout meets the SLOs",
+        "model": prob["model"], "gpu": prob["gpu"], "gpus": prob["gpus"], "nodes": prob["nodes"],
+        "fabric": prob["fabric"], "workload": got["workload"], "candidates": got["candidates"],
+        "current": got["baseline"], "change": got["verdict"],
     }  # fmt: skip

@@ -462,7 +462,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--duration", type=float, default=60.0, help="steady-state seconds measured")
     ap.add_argument("--warmup", type=float, default=15.0, help="seconds after start before measuring")
-    ap.add_argument("--flush-interval", type=float, default=5.0, help="sidecar flush_interval_s (the default)")
+    ap.add_argument("--flush-interval", type=float, default=5.0, help="sidecar flush_interval_s")
     ap.add_argument("--hide-pandas", action="store_true", help="run the sidecar as if pandas were absent")
     ap.add_argument("--peers", default="prometheus,plain", help="comma list: prometheus, plain (or none)")
     ap.add_argument("--plain-scraper", nargs="+", help=argparse.SUPPRESS)
