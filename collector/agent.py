@@ -18,7 +18,7 @@ from typing import Any
 
 import uvicorn
 
-from api.app import create_app
+from api.app import REFRESH_S, create_app
 from collector.selfmetrics import SelfMetrics
 from collector.sidecar import Reader, Sidecar
 from collector.store import Retention, Store
@@ -87,7 +87,9 @@ class Agent:
         )
         # receivers acknowledge only what is committed (their clients retry what was not)
         self.direct = DirectSink(self.store, on_stored=self.metrics.stored)
-        self.app = create_app(settings, self.store, sink=self.direct, registries=[self.metrics.registry])
+        self.app = create_app(
+            settings, self.store, sink=self.direct, refresh_s=REFRESH_S, registries=[self.metrics.registry]
+        )
         self._grpc: Any = None
 
     def _dropped(self, table: str, rows: int) -> None:
@@ -110,6 +112,8 @@ class Agent:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.sidecar.stop)
         self._start_grpc()
+        refresher = self.app.state.refresher  # the API's lifespan is off here: the agent runs it
+        refresher.start()
         api_task = asyncio.create_task(server.serve(), name="api")
         try:
             await self.sidecar.run(extra=self._extra_loops())
@@ -117,6 +121,7 @@ class Agent:
             server.should_exit = True
             with contextlib.suppress(Exception):
                 await api_task
+            await asyncio.to_thread(refresher.stop)
             self.close()
 
     def _extra_loops(self) -> list[Callable[[], Any]]:
