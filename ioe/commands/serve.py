@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ioe.settings import SettingsError, load_settings
+from ioe.commands._common import settings_or_exit
 
 
 def serve(
@@ -23,11 +23,7 @@ def serve(
     from collector.maintenance import Maintainer
     from collector.store import Retention
 
-    try:
-        settings = load_settings(config, args={"store_path": store, "listen_port": port, "listen_host": host})
-    except SettingsError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from exc
+    settings = settings_or_exit(config, store_path=store, listen_port=port, listen_host=host)
     st = open_store(settings)
     app = create_app(settings, st, refresh_s=REFRESH_S)
     maintainer = Maintainer(st, settings.maintenance_interval_s,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ioe.settings import SettingsError, load_settings
+from ioe.commands._common import settings_or_exit
 
 
 def sidecar(
@@ -19,11 +19,7 @@ def sidecar(
     """Scrape GPU and engine metrics, read devices and NCCL logs, receive spans; write the store."""
     from collector.agent import Agent
 
-    try:
-        settings = load_settings(config, args={"store_path": store, "listen_port": port, "listen_host": host})
-    except SettingsError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from exc
+    settings = settings_or_exit(config, store_path=store, listen_port=port, listen_host=host)
     agent = Agent(settings)
     typer.echo(
         f"ioe sidecar: {len(settings.targets)} target(s), store {settings.store_path}, "
