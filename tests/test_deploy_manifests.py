@@ -159,7 +159,7 @@ def test_daemonset_uses_extended_counters(rendered: list[dict[str, Any]]) -> Non
     counters = next(c for c in _by_kind(rendered, "ConfigMap") if "dcgm-counters" in c["metadata"]["name"])
     assert csv_name == "/etc/dcgm-exporter/" + next(iter(counters["data"]))
     fields = _csv_fields(counters["data"]["ioe-counters.csv"])
-    default = _csv_fields((ROOT.parent / "shared/fixtures/dcgm/default-counters.csv").read_text())
+    default = _csv_fields((ROOT / "tests/data/dcgm/default-counters.csv").read_text())
     assert default <= fields
     added = {"DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES"}
     assert added <= fields - default
