@@ -293,12 +293,14 @@ def collective_evidence(
     if not row or not row[4]:
         return {}, ""
     out = {"collective_share_ratio": float(row[0] or 0.0) / ((end_ns - start_ns) / 1000)}
-    cap = _busbw_capability(con, str(row[2] or ""), int(row[3] or 0)) or _catalog_capability(dep)
+    cap, cap_src = _busbw_capability(con, str(row[2] or ""), int(row[3] or 0)), "nccl_baselines"
+    if not cap:
+        cap, cap_src = _catalog_capability(dep), "hardware catalog link"
     if cap and row[1] is not None:
         out.update(busbw_gbs=float(row[1]), capability_gbs=cap, busbw_ratio=float(row[1]) / cap)
     return out, (
         "collective_records: mean exec time × collectives issued (coll_sn span), median rank — "
-        "an upper bound of exposed time"
+        f"an upper bound of exposed time; busbw capability from {cap_src if cap else 'nowhere'}"
     )
 
 

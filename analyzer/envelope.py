@@ -454,7 +454,7 @@ def _network_checks(c: _Checks, sig: Signals) -> None:
         "ratio",
         th.net_busbw_max_ratio,
         above=False,
-        source=src + "; capability from nccl_baselines",
+        source=src,
         note=f"busbw {col.get('busbw_gbs')} GB/s vs {col.get('capability_gbs')} GB/s" if col else "",
     )
     unsat = _unsaturated(sig, th)
