@@ -147,7 +147,7 @@ class Agent:
 
     async def _maintenance_loop(self) -> None:
         retention = Retention(self.settings.raw_retention_s, self.settings.rollup_retention_s)
-        while await self.sidecar._sleep(self.settings.maintenance_interval_s):
+        while await self.sidecar.pause(self.settings.maintenance_interval_s):
             try:
                 await asyncio.to_thread(self.store.maintain, time.time_ns(), retention)
             except Exception:
@@ -161,7 +161,7 @@ class Agent:
         directory = Path(self.settings.nccl_inspector_dir)
         state = Path(self.settings.store_path).with_suffix(".inspector-offsets.json")
         tailer = InspectorTailer(directory, state, self.queue)
-        while await self.sidecar._sleep(self.settings.readers.interval_s):
+        while await self.sidecar.pause(self.settings.readers.interval_s):
             try:
                 await asyncio.to_thread(tailer.poll)
             except Exception:

@@ -105,7 +105,7 @@ class Sidecar:
     def stop(self) -> None:
         self._stop.set()
 
-    async def _sleep(self, seconds: float) -> bool:
+    async def pause(self, seconds: float) -> bool:
         """Sleep unless stopped first; True when the loop should go on."""
         try:
             await asyncio.wait_for(self._stop.wait(), timeout=max(seconds, 0.0))
@@ -120,7 +120,7 @@ class Sidecar:
             started = time.monotonic()
             await self.scrape_target(client, spec, state)
             delay = next_delay(spec.interval_s, state.health.consecutive_failures, self.rng)
-            if not await self._sleep(delay - (time.monotonic() - started)):
+            if not await self.pause(delay - (time.monotonic() - started)):
                 return
 
     async def scrape_target(self, client: httpx.AsyncClient, spec: TargetSpec, state: SourceState) -> None:
@@ -176,7 +176,7 @@ class Sidecar:
             except Exception as exc:
                 log.exception("reader %s failed", reader.name)
                 self._record(state, ts_ns, time.monotonic() - t0, error=str(exc))
-            if not await self._sleep(interval - (time.monotonic() - t0)):
+            if not await self.pause(interval - (time.monotonic() - t0)):
                 return
 
     # -- shared -----------------------------------------------------------------------------
