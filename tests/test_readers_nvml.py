@@ -27,7 +27,7 @@ class FakeNvml:
 
     def __init__(self) -> None:
         self.kib = {(138, 0): 1000, (139, 0): 2000, (138, 1): 10, (139, 1): 20}
-        self.gpm_values = {2: 61.0, 5: 42.5, 10: 80.0}
+        self.gpm_values = {1: 99.0, 2: 61.0, 3: 30.0, 5: 42.5, 10: 80.0, 20: 100.0, 21: 25.5}
         self.inits = 0
 
     def nvmlInit(self) -> None:
@@ -48,8 +48,13 @@ class FakeNvml:
     def nvmlDeviceGetName(self, h: int) -> bytes:
         return b"NVIDIA H100 80GB HBM3"
 
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
-        return SimpleNamespace(used=40 * 2**30, free=40 * 2**30, total=80 * 2**30)
+    def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> Any:
+        if version is None:  # v1 counts the driver's reservation as used
+            return SimpleNamespace(used=40 * 2**30, free=40 * 2**30, total=80 * 2**30)
+        if h == 1:  # a driver without nvmlDeviceGetMemoryInfo_v2
+            raise FakeNVMLError("Function Not Found")
+        assert version == 0x02000028
+        return SimpleNamespace(used=40 * 2**30 - 480 * 2**20, free=40 * 2**30, reserved=480 * 2**20)
 
     def nvmlDeviceGetPowerUsage(self, h: int) -> int:
         if h == 1:
@@ -127,7 +132,10 @@ def test_canonical_values_and_units() -> None:
     first = reader.read(10 * S)
     assert _value(first, 0, "power_w") == pytest.approx(512.345)
     assert _value(first, 0, "energy_j") == 9000.0
-    assert _value(first, 0, "fb_used_bytes") == 40 * 2**30
+    assert _value(first, 0, "fb_used_bytes") == 40 * 2**30 - 480 * 2**20  # v2: reserved apart
+    assert _value(first, 0, "fb_reserved_bytes") == 480 * 2**20
+    assert _value(first, 1, "fb_used_bytes") == 40 * 2**30  # v1 fallback
+    assert "fb_reserved_bytes" not in _metrics(first, 1)
     assert _value(first, 0, "sm_clock_mhz") == 1980 and _value(first, 0, "mem_clock_mhz") == 2619
     assert _value(first, 0, "gpu_temp_c") == 67 and _value(first, 0, "throttle_reasons_mask") == 4
     assert _value(first, 0, "gpu_util_ratio") == pytest.approx(0.97)
@@ -154,6 +162,10 @@ def test_nvlink_kib_counters_become_bytes_per_second_and_gpm_ratios() -> None:
     assert _value(second, 0, "sm_active_ratio") == pytest.approx(0.61)
     assert _value(second, 0, "tensor_active_ratio") == pytest.approx(0.425)
     assert _value(second, 0, "dram_active_ratio") == pytest.approx(0.80)
+    assert _value(second, 0, "sm_occupancy_ratio") == pytest.approx(0.30)
+    assert _value(second, 0, "gr_engine_active_ratio") == pytest.approx(0.99)
+    assert _value(second, 0, "pcie_tx_bytes_per_s") == 100 * 2**20  # GPM gives MiB/s
+    assert _value(second, 0, "pcie_rx_bytes_per_s") == 25.5 * 2**20
     assert "sm_active_ratio" not in _metrics(second, 1)  # no GPM on GPU 1
 
 

@@ -9,7 +9,8 @@ Canonical metrics (the same names :mod:`collector.formats.dcgm` gives dcgm-expor
 ==============================  =============================================  ==================
 metric                          NVML call                                      conversion
 ==============================  =============================================  ==================
-``fb_used_bytes``/``_free_``    ``nvmlDeviceGetMemoryInfo``                     bytes as given
+``fb_used_bytes``/``_free_``    ``nvmlDeviceGetMemoryInfo_v2`` (v1 fallback)    bytes as given
+``fb_reserved_bytes``           ``nvmlDeviceGetMemoryInfo_v2``                  bytes as given
 ``power_w``                     ``nvmlDeviceGetPowerUsage``                     mW / 1000
 ``energy_j``                    ``nvmlDeviceGetTotalEnergyConsumption``         mJ / 1000
 ``sm_clock_mhz``/``mem_clock_``  ``nvmlDeviceGetClockInfo``                     MHz
@@ -18,7 +19,16 @@ metric                          NVML call                                      c
 ``gpu_util_ratio``              ``nvmlDeviceGetUtilizationRates().gpu``         % / 100
 ``nvlink_tx_bytes_per_s``/rx    field values 138/139 per link (KiB, cumulative)  Δ×1024 / Δt
 ``sm_active_ratio`` etc.        GPM SM_UTIL / ANY_TENSOR_UTIL / DRAM_BW_UTIL    % / 100
+``sm_occupancy_ratio``          GPM SM_OCCUPANCY                               % / 100
+``gr_engine_active_ratio``      GPM GRAPHICS_UTIL                              % / 100
+``pcie_tx_bytes_per_s``/rx      GPM PCIE_TX_PER_SEC / PCIE_RX_PER_SEC          MiB/s × 2**20
 ==============================  =============================================  ==================
+
+Checked on a real H100 80GB HBM3 (driver 580.159.04, ``bench/gpu_counters.py``, capture in
+``tests/data/h100_nvml``): DRAM_BW_UTIL × 3.35 TB/s matched the bytes/s a device-to-device copy
+moved; ANY_TENSOR_UTIL tracked achieved BF16 TFLOP/s over the clock-scaled peak; the v1 memory
+call counts the driver's reserved 480 MiB as used where nvidia-smi and DCGM's FB_USED do not,
+hence v2.
 
 Rules:
 
@@ -35,6 +45,7 @@ Rules:
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -47,8 +58,18 @@ TABLE = "gpu_samples"
 FI_NVLINK_TX_KIB = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
 FI_NVLINK_RX_KIB = 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS of older bindings; newer ones say 36
-# GPM metric id -> canonical metric (values are percent)
-GPM_METRICS = {2: "sm_active_ratio", 5: "tensor_active_ratio", 10: "dram_active_ratio"}
+MIB = 1 << 20
+# GPM metric id -> (canonical metric, multiplier): percentages → ratios, MiB/s → bytes/s
+GPM_METRICS: dict[int, tuple[str, float]] = {
+    1: ("gr_engine_active_ratio", 0.01),  # NVML_GPM_METRIC_GRAPHICS_UTIL
+    2: ("sm_active_ratio", 0.01),  # SM_UTIL
+    3: ("sm_occupancy_ratio", 0.01),  # SM_OCCUPANCY
+    5: ("tensor_active_ratio", 0.01),  # ANY_TENSOR_UTIL
+    10: ("dram_active_ratio", 0.01),  # DRAM_BW_UTIL
+    20: ("pcie_tx_bytes_per_s", MIB),  # PCIE_TX_PER_SEC
+    21: ("pcie_rx_bytes_per_s", MIB),  # PCIE_RX_PER_SEC
+}
+NVML_MEMORY_V2 = 0x02000028  # nvmlMemory_v2: sizeof(nvmlMemory_v2_t) | 2 << 24
 
 
 @dataclass
@@ -146,9 +167,7 @@ def _text(value: Any) -> str:
 
 def _plain_metrics(nvml: Any, h: Any) -> list[tuple[str, float]]:
     out: list[tuple[str, float]] = []
-    mem = _try(nvml, nvml.nvmlDeviceGetMemoryInfo, h)
-    if mem is not None:
-        out += [("fb_used_bytes", mem.used), ("fb_free_bytes", mem.free)]
+    out += _memory(nvml, h)
     reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
         nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
     )
@@ -169,6 +188,16 @@ def _plain_metrics(nvml: Any, h: Any) -> list[tuple[str, float]]:
     if util is not None:
         out.append(("gpu_util_ratio", util.gpu / 100.0))
     return out
+
+
+def _memory(nvml: Any, h: Any) -> list[tuple[str, float]]:
+    """Used/free (and reserved) framebuffer bytes; v2 keeps the driver's reservation out of used."""
+    try:
+        mem = nvml.nvmlDeviceGetMemoryInfo(h, getattr(nvml, "nvmlMemory_v2", NVML_MEMORY_V2))
+        return [("fb_used_bytes", mem.used), ("fb_free_bytes", mem.free), ("fb_reserved_bytes", mem.reserved)]
+    except (nvml.NVMLError, TypeError, AttributeError):  # old driver or bindings without v2
+        mem = _try(nvml, nvml.nvmlDeviceGetMemoryInfo, h)
+    return [] if mem is None else [("fb_used_bytes", mem.used), ("fb_free_bytes", mem.free)]
 
 
 def _nvlink_rates(nvml: Any, h: Any, state: _GpuState, ts_ns: int) -> list[tuple[str, int, float]]:
@@ -212,11 +241,13 @@ def _gpm_ratios(nvml: Any, h: Any, state: _GpuState) -> list[tuple[str, int, flo
         req.metrics[i].metricId = metric_id
     nvml.nvmlGpmMetricsGet(req)
     nvml.nvmlGpmSampleFree(prev)
-    return [
-        (GPM_METRICS[req.metrics[i].metricId], -1, req.metrics[i].value / 100.0)
-        for i in range(len(GPM_METRICS))
-        if req.metrics[i].nvmlReturn == 0
-    ]
+    out = []
+    for i in range(len(GPM_METRICS)):
+        got = req.metrics[i]
+        if got.nvmlReturn == 0 and math.isfinite(got.value):
+            metric, scale = GPM_METRICS[got.metricId]
+            out.append((metric, -1, got.value * scale))
+    return out
 
 
 def _unsupported(*_: Any) -> None:
