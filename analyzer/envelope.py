@@ -12,8 +12,10 @@ The rule (``th`` = the Thresholds in force; every number below is a field there)
     quantiles from histogram buckets (bucket estimates, reported as such).
  2. Each check is ``pass`` (threshold met), ``near`` (within ``near_fraction`` of it), ``fail``,
     or ``n/a`` (its source is missing or the window holds too little variation).
- 3. compute: tensor ≥ ``compute_tensor_min_ratio``; SM ≥ ``compute_sm_min_ratio``.
- 4. hbm_bandwidth: DRAM ≥ ``hbm_dram_min_ratio``; DRAM/SM ≥ 1; tensor < ``hbm_tensor_max_ratio``.
+ 3. compute: tensor ≥ ``compute_tensor_min_ratio``; SM ≥ ``compute_sm_min_ratio``, which counts
+    only while tensors are active (SM_ACTIVE includes warps stalled on memory).
+ 4. hbm_bandwidth: DRAM ≥ ``hbm_dram_min_ratio``; DRAM/SM ≥ ``hbm_dram_over_sm_min_ratio``;
+    tensor < ``hbm_tensor_max_ratio`` — the last two count only while DRAM is busy.
  5. kv_capacity: KV usage ≥ ``kv_usage_min_ratio``; preemptions/s > ``kv_preemptions_min_per_s``;
     waiting/running ≥ ``kv_waiting_min_ratio``; queue share of TTFT ≥ ``kv_queue_share_min_ratio``.
  6. network: exposed collective share ≥ ``net_collective_share_min_ratio``; busbw / capability ≤
@@ -342,6 +344,8 @@ def _compute_checks(c: _Checks, sig: Signals) -> None:
         above=True,
         source="dcgm DCGM_FI_PROF_PIPE_TENSOR_ACTIVE (mean over GPUs)",
     )
+    tensor = g.get("tensor_active_ratio")
+    idle_tensors = tensor is not None and tensor < th.compute_tensor_min_ratio * th.near_fraction
     c.check(
         "compute",
         "sm_active_ratio",
@@ -350,11 +354,20 @@ def _compute_checks(c: _Checks, sig: Signals) -> None:
         th.compute_sm_min_ratio,
         above=True,
         source="dcgm DCGM_FI_PROF_SM_ACTIVE (mean over GPUs)",
+        gate=(
+            "SM_ACTIVE counts warps stalled on memory, so without tensor activity it is no compute "
+            "evidence (a pure HBM copy on an H100 read 0.99)"
+        )
+        if idle_tensors
+        else None,
     )
 
 
 def _hbm_checks(c: _Checks, sig: Signals) -> None:
     th, g = c.th, sig.gpu
+    dram = g.get("dram_active_ratio")
+    quiet = dram is not None and dram < th.hbm_dram_min_ratio * th.near_fraction
+    gate = "DRAM is not busy, so this is no bandwidth evidence" if quiet else None
     c.check(
         "hbm_bandwidth",
         "dram_active_ratio",
@@ -369,10 +382,11 @@ def _hbm_checks(c: _Checks, sig: Signals) -> None:
         "dram_over_sm",
         _ratio(g.get("dram_active_ratio"), g.get("sm_active_ratio")),
         "ratio",
-        1.0,
+        th.hbm_dram_over_sm_min_ratio,
         above=True,
         source="dcgm DRAM_ACTIVE / SM_ACTIVE",
-        note="memory-bound when DRAM activity is at least SM activity (REFERENCE §1)",
+        note="memory-bound when DRAM activity keeps up with SM activity (H100: HBM copy 0.90, GEMM 0.27)",
+        gate=gate,
     )
     c.check(
         "hbm_bandwidth",
@@ -382,6 +396,7 @@ def _hbm_checks(c: _Checks, sig: Signals) -> None:
         th.hbm_tensor_max_ratio,
         above=False,
         source="dcgm DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        gate=gate,
     )
 
 
