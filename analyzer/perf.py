@@ -23,7 +23,12 @@ Rules (REFERENCE §5), per GPU of the most loaded pipeline stage:
      of it. ``burst_share`` mixes the two (the harness, not the hardware). When C exceeds what
      fits, the rest wait for a slot (queue_wait_s). Pipeline stages each run their micro-batch
      as a separate engine step, so PP pays the per-step overhead once per stage.
-  6. All efficiency factors are in :data:`EFFICIENCY` (one row per backend) — nothing per row.
+  6. All efficiency factors are in one block: :data:`EFFICIENCY` (one row per backend) and
+     :data:`PLATFORM_EFFICIENCY` (a (backend, GPU) row fitted on that platform's measurements),
+     resolved by :func:`efficiency` — nothing per row or per model.
+  7. Disaggregated serving (:func:`disaggregated_latency`): decode workers run pure decode
+     steps; with a known client count the prefill pool is an M/D/1 queue and decode slots beyond
+     KV capacity wait.
 """
 
 from __future__ import annotations
@@ -46,11 +51,16 @@ class Efficiency:
     mfu: fraction of dense tensor peak reached by prefill/large GEMMs.
     hbm_eff: fraction of HBM bandwidth reached by decode's weight and KV reads.
     step_overhead_s: fixed time per engine step (scheduling, sampling, kernel launch gaps).
+    seq_overhead_s: host time per running sequence per engine step (the scheduler's per-request
+      bookkeeping, sampling and detokenization run on the CPU, one sequence after another).
     comm_eff: fraction of link bandwidth a collective reaches.
     fp8_kv: whether the backend stores the KV cache in FP8 when the weights are FP8/FP4.
     burst_share: share of a closed-loop benchmark's requests that arrive in its opening burst
       (all C requests at once, prefilled one after another before steady state). It describes
       the harness that measured the calibration rows, not the hardware; planning uses 0.
+    prefix_hit: share of each prompt's tokens the engine finds in its prefix cache (vLLM's
+      ``prefix_cache_hits / prefix_cache_queries``, SGLang's radix-cache hit rate) and so does
+      not recompute; the rest still attend to the whole prompt. A property of the workload.
     """
 
     mfu: float
@@ -62,48 +72,91 @@ class Efficiency:
     scheduler: str = "mixed"
     chunk_tokens: int = 8192
     low_precision_scale: float = 1.0
+    seq_overhead_s: float = 0.0
+    prefix_hit: float = 0.0
+
+    def fresh(self, isl: int) -> int:
+        """Prompt tokens an ``isl``-long prompt must compute after its prefix-cache hit."""
+        return max(1, round(isl * (1 - self.prefix_hit)))
 
     def mfu_at(self, precision: str) -> float:
         """MFU against the precision's own peak: FP8/FP4 GEMMs reach ``low_precision_scale`` × mfu."""
         return self.mfu * (self.low_precision_scale if precision in ("fp8", "fp4") else 1.0)
 
 
-# Fitted on the h100_sxm rows of tests/data/silicon/dense_calibration.csv only (h200/b200/gb200
-# rows are held out), by a small grid minimizing median TPOT error + ½ median TTFT error per
-# backend (a throwaway grid, not shipped; ``python -m bench.calibration`` prints the errors with
-# each group marked in-sample or held-out). Physical reading of each factor:
-#   mfu             BF16 GEMM efficiency of prefill-sized batches (0.5-0.55 of 989 TFLOP/s on H100,
-#                   i.e. ~500 TFLOP/s; the 8192³ matmul peak measured here is ~800).
-#   low_precision_scale  FP8/FP4 GEMMs reach this share of that mfu against their 2× peak
-#                   (0.7: ~690 TFLOP/s FP8 on H100: per-tensor scaling and quantization overheads).
-#   hbm_eff         decode's weight + KV streaming rate over nominal HBM bandwidth (0.7-0.9).
+# THE efficiency factors: every number the model was calibrated with is in this block. Each row
+# is fitted on real measured rows of tests/data/silicon/dense_calibration.csv by
+# ``python -m bench.calibration --fit`` (coordinate descent of the factors over grids of plausible
+# values, minimizing median TPOT error + ½ median TTFT error; ``--cv`` reports the same fit
+# cross-validated). Backend defaults (EFFICIENCY) are fitted on the h100_sxm rows and serve any
+# platform without its own row; a platform row (PLATFORM_EFFICIENCY, keyed (backend, GPU)) is
+# fitted on that platform's rows only — what a user does with their own telemetry. Factors:
+#   mfu             BF16 GEMM efficiency of prefill-sized batches (0.55 of 989 TFLOP/s on H100 ≈
+#                   540 TFLOP/s; the 8192³ matmul peak measured on H100 is ~800).
+#   low_precision_scale  FP8/FP4 GEMMs reach this share of that mfu against their 2×/4× peak
+#                   (per-tensor/block scaling and quantization overheads; 1.0 on H200/Blackwell
+#                   with newer kernels: FP8 at 0.5-0.6 of its peak).
+#   hbm_eff         decode's weight + KV streaming rate over nominal HBM bandwidth (0.6-0.9).
 #   step_overhead_s CPU scheduling, sampling and launch gaps per engine step.
-#   comm_eff        share of NVLink bandwidth a TP all-reduce reaches at these message sizes.
-#                   Held at 0.7 (NCCL busbw on H100 NVLink): the grid preferred 0.4 for vLLM and
-#                   TRT-LLM (vLLM TPOT median 9.5 % instead of 13.2 %), but that stands in for the
-#                   GEMM efficiency lost at high TP and would mislead the planner about TP.
+#   seq_overhead_s  host time per running sequence per step (per-request scheduler bookkeeping,
+#                   sampling, detokenization); makes large-batch TPOT grow even where TP shrinks
+#                   the GPU work.
+#   comm_eff        share of NVLink bandwidth a TP all-reduce reaches (0.7, NCCL busbw on H100
+#                   NVLink; held, not fitted: a lower value would stand in for GEMM efficiency
+#                   lost at high TP and mislead the planner about TP).
+#   fp8_kv          TRT-LLM keeps an FP8 KV cache for FP8/FP4 weights; vLLM/SGLang keep BF16
+#                   unless told (a fact of the backends' defaults, not fitted).
 #   scheduler       "mixed" (vLLM, TRT-LLM: chunked prefill rides in decode steps) or
 #                   "prefill_first" (SGLang: a prefill batch pauses decoding); chunk_tokens = the
-#                   engines' default step budget (max_num_batched_tokens / max_num_tokens /
-#                   chunked_prefill_size = 8192).
+#                   engines' default step budget (8192).
 #   burst_share     the HARNESS, not the hardware: share of requests arriving in synchronized
-#                   waves. SGLang's prefill-first keeps a closed loop's waves synchronized (1.0);
-#                   for mixed schedulers the waves dissolve after the first (~1/k for k requests
-#                   per client; 0.15 fitted). Planning passes 0.
-EFFICIENCY: dict[str, Efficiency] = {
+#                   waves (SGLang 0.5.1's prefill-first keeps a closed loop's waves together: 1.0;
+#                   mixed schedulers dissolve them after the first: ~0.15). Planning passes 0.
+#   prefix_hit      the WORKLOAD, not the hardware: share of prompt tokens served from the prefix
+#                   cache. 0 everywhere except where the measured prompt throughput is beyond the
+#                   GPU's FP8 peak without it (h200 vLLM 0.12 / SGLang 0.5.6 harness, 0.5).
+# No factor is per row or per model.
+EFFICIENCY: dict[str, Efficiency] = {  # backend defaults: fitted on h100_sxm rows
+    # TRT-LLM 1.0.0rc3 (353 rows) + 1.2.0rc6 (4): Llama-3.1-8B BF16, Qwen3-32B FP8.
     "trtllm": Efficiency(
-        mfu=0.50, hbm_eff=0.70, step_overhead_s=2.0e-3, comm_eff=0.7, fp8_kv=True,
+        mfu=0.45, hbm_eff=0.80, step_overhead_s=3.0e-3, comm_eff=0.7, fp8_kv=True,
         burst_share=0.15, scheduler="mixed", low_precision_scale=0.7,
     ),
+    # vLLM 0.12.0 (94 rows): Qwen3-32B BF16 (90) and FP8 (4).
     "vllm": Efficiency(
         mfu=0.55, hbm_eff=0.80, step_overhead_s=3.0e-3, comm_eff=0.7, fp8_kv=False,
-        burst_share=0.15, scheduler="mixed", low_precision_scale=0.7,
+        burst_share=0.15, scheduler="mixed", low_precision_scale=0.6, seq_overhead_s=40e-6,
     ),
+    # SGLang 0.5.1 (78 rows), 0.5.8 (6), 0.5.6 disagg (4): Qwen3-32B.
     "sglang": Efficiency(
-        mfu=0.55, hbm_eff=0.90, step_overhead_s=3.0e-3, comm_eff=0.7, fp8_kv=False,
-        burst_share=1.0, scheduler="prefill_first", low_precision_scale=0.7,
+        mfu=0.55, hbm_eff=0.90, step_overhead_s=2.0e-3, comm_eff=0.7, fp8_kv=False,
+        burst_share=1.0, scheduler="prefill_first", low_precision_scale=0.7, seq_overhead_s=20e-6,
     ),
 }  # fmt: skip
+
+PLATFORM_EFFICIENCY: dict[tuple[str, str], Efficiency] = {  # (backend, GPU): fitted on that GPU's rows
+    # SGLang 0.5.6 on H200 (46 rows, Llama-3.1-8B FP8).
+    ("sglang", "h200_sxm"): Efficiency(
+        mfu=0.60, hbm_eff=0.90, step_overhead_s=8.0e-3, comm_eff=0.7, fp8_kv=False,
+        burst_share=0.5, scheduler="prefill_first", low_precision_scale=1.0, seq_overhead_s=10e-6,
+        prefix_hit=0.5,
+    ),
+    # vLLM 0.12.0 on H200 (21 rows, Llama-3.1-8B FP8).
+    ("vllm", "h200_sxm"): Efficiency(
+        mfu=0.50, hbm_eff=0.90, step_overhead_s=1.0e-3, comm_eff=0.7, fp8_kv=False,
+        burst_share=0.15, scheduler="mixed", low_precision_scale=1.0, seq_overhead_s=10e-6,
+        prefix_hit=0.5,
+    ),
+}  # fmt: skip
+
+
+def efficiency(backend: str, gpu: str = "") -> Efficiency:
+    """The factors of ``backend`` on ``gpu`` (a catalog name): the platform's own row when it has
+    one, else the backend's default row."""
+    found = PLATFORM_EFFICIENCY.get((backend, gpu)) or EFFICIENCY.get(backend)
+    if found is None:
+        raise KeyError(f"unknown backend {backend!r}; known: {', '.join(EFFICIENCY)}")
+    return found
 
 
 @dataclass(frozen=True)
@@ -163,12 +216,11 @@ class Setup:
     precision: str = "bf16"
     backend: str = "vllm"
     topo: Topology = field(default_factory=Topology)
+    efficiency: Efficiency | None = None  # None: :func:`efficiency` of (backend, GPU)
 
     @property
     def eff(self) -> Efficiency:
-        if self.backend not in EFFICIENCY:
-            raise KeyError(f"unknown backend {self.backend!r}; known: {', '.join(EFFICIENCY)}")
-        return EFFICIENCY[self.backend]
+        return self.efficiency or efficiency(self.backend, self.gpu.name)
 
     @property
     def kv_precision(self) -> str:
@@ -195,13 +247,26 @@ def touched_weight_bytes(s: Setup, tokens: int) -> float:
 
 
 def compute_time(s: Setup, tokens: int, ctx_tokens: float, causal_prefill: bool) -> float:
-    """GEMM + attention FLOPs of ``tokens`` tokens on one GPU over its dense peak × mfu (notes 1-2)."""
+    """GEMM + attention FLOPs of ``tokens`` tokens on one GPU over their dense peaks × mfu (notes 1-2).
+
+    1. GEMMs run at the weights' precision. A prompt token skips the LM head (the engines compute
+       logits only at the positions they sample), so prefill multiplies through the active
+       parameters less ``vocab × hidden``; a decode token goes through all of them.
+    2. Attention (QKᵀ and PV) runs at the KV cache's precision — BF16, or FP8 where the backend
+       keeps an FP8 cache — never at FP4, whatever the weights are.
+    3. Prompt tokens are the tail of their prompt that the prefix cache missed: they attend, on
+       average, to (1 + prefix_hit) / 2 of ``ctx_tokens`` (the prompt length).
+    """
     m, lay = s.model, s.layout
-    gemm = 2 * m.active_params() * tokens / (lay.tp * lay.pp)
-    span = ctx_tokens / 2 if causal_prefill else ctx_tokens
+    params = m.active_params() - (m.vocab * m.hidden if causal_prefill else 0)
+    gemm = 2 * params * tokens / (lay.tp * lay.pp)
+    span = ctx_tokens * (1 + s.eff.prefix_hit) / 2 if causal_prefill else ctx_tokens
     # TP splits the heads, attention-DP splits the sequences: either way 1/TP of the work per GPU.
     attn = 4 * s.stage_layers * tokens * span * m.heads * m.head_dim / lay.tp
-    return (gemm + attn) / (s.gpu.peak_flops(s.precision) * s.eff.mfu_at(s.precision))
+    e, kv = s.eff, s.kv_precision
+    return gemm / (s.gpu.peak_flops(s.precision) * e.mfu_at(s.precision)) + attn / (
+        s.gpu.peak_flops(kv) * e.mfu_at(kv)
+    )
 
 
 def comm_time(s: Setup, tokens: int) -> dict[str, float]:
@@ -248,7 +313,8 @@ def step_time(s: Setup, running: int, ctx_tokens: float, prefill_tokens: float, 
         "decode_hbm_s": hbm,
         "decode_compute_s": flops,
         **{f"decode_{k}": v for k, v in comm.items()},
-        "decode_step_s": lay.pp * (stage + s.eff.step_overhead_s) + comm.get("pp_send_s", 0.0),
+        "decode_step_s": lay.pp * (stage + s.eff.step_overhead_s + s.eff.seq_overhead_s * per_stage)
+        + comm.get("pp_send_s", 0.0),
     }
 
 
@@ -261,9 +327,11 @@ def prefill_time(s: Setup, tokens: int, isl: int) -> dict[str, float]:
     """Terms of prefilling ``tokens`` prompt tokens of ``isl``-long prompts (note 2).
 
     The marginal cost (``prefill_stage_s``) is what a stage adds when those tokens ride along in
-    a decode step; a prompt's latency passes every stage in turn (``prefill_s``).
+    a decode step; a prompt's latency passes every stage in turn (``prefill_s``). Only the
+    prefix-cache misses are computed (``1 − prefix_hit`` of ``tokens``).
     """
     lay = s.layout
+    tokens = max(1, round(tokens * (1 - s.eff.prefix_hit)))
     flops = compute_time(s, tokens, isl, causal_prefill=True)
     comm = comm_time(s, tokens)
     stage = flops + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
@@ -316,10 +384,11 @@ def steady_latency(s: Setup, running: int, isl: int, osl: int) -> tuple[float, f
         tpot = step["decode_step_s"] + arrivals * own
         return own + tpot / 2, tpot, {**step, "prefill_arrivals_per_step": arrivals}
     budget = _chunk_budget(s, running)
-    step = step_time(s, running, ctx, min(arrivals * isl, budget), isl)
-    chunk = step_time(s, running, ctx, max(min(isl, budget), min(arrivals * isl, budget)), isl)
+    fresh = s.eff.fresh(isl)
+    step = step_time(s, running, ctx, min(arrivals * fresh, budget), isl)
+    chunk = step_time(s, running, ctx, max(min(fresh, budget), min(arrivals * fresh, budget)), isl)
     tpot = step["decode_step_s"]
-    ttft = tpot / 2 + math.ceil(isl / budget) * chunk["decode_step_s"]
+    ttft = tpot / 2 + math.ceil(fresh / budget) * chunk["decode_step_s"]
     return ttft, tpot, {**step, "prefill_arrivals_per_step": arrivals}
 
 
@@ -333,7 +402,8 @@ def wave_latency(s: Setup, running: int, isl: int, osl: int) -> tuple[float, flo
     3. mixed: request i decodes one token per remaining chunk step, then at the decode step.
     """
     budget = _chunk_budget(s, running)
-    total = running * isl
+    fresh = s.eff.fresh(isl)
+    total = running * fresh
     n_chunks = math.ceil(total / budget)
     riders = 0 if s.eff.scheduler == "prefill_first" else running // 2
     chunk_s = step_time(s, riders, isl, min(budget, total), isl)["decode_step_s"]
@@ -341,7 +411,7 @@ def wave_latency(s: Setup, running: int, isl: int, osl: int) -> tuple[float, flo
     gaps = max(osl - 1, 1)
     ttfts, tpots = [], []
     for i in range(1, running + 1):
-        k = math.ceil(i * isl / budget)
+        k = math.ceil(i * fresh / budget)
         ttfts.append(k * chunk_s)
         if s.eff.scheduler == "prefill_first":
             tpots.append(decode_s + (n_chunks - k) * chunk_s / gaps)
@@ -362,14 +432,16 @@ def expected_latency(
     precision: str = "bf16",
     topo: Topology | None = None,
     burst_share: float = 0.0,
+    eff: Efficiency | None = None,
 ) -> Estimate:
     """Expected TTFT and TPOT at concurrency ``batch`` per replica, aggregated serving (note 5).
 
     ``burst_share`` is the share of requests that arrive in synchronized waves (a closed-loop
     benchmark that starts all clients at once: :func:`wave_latency`); the rest see spread-out
-    arrivals (:func:`steady_latency`). Planning uses 0.
+    arrivals (:func:`steady_latency`). Planning uses 0. ``eff`` replaces the tabled efficiency
+    factors (calibration fits them with it).
     """
-    s = Setup(model, gpu, layout, precision, backend, topo or Topology.for_gpu(gpu))
+    s = Setup(model, gpu, layout, precision, backend, topo or Topology.for_gpu(gpu), eff)
     c = cap.capacity(
         model, gpu, layout, context_tokens=isl + osl, precision=precision, kv_precision=s.kv_precision
     )
@@ -414,21 +486,68 @@ def disaggregated_latency(
     backend: str = "vllm",
     precision: str = "bf16",
     topo: Topology | None = None,
+    prefill_workers: int = 1,
+    decode_workers: int = 1,
+    clients: int = 0,
+    eff: Efficiency | None = None,
 ) -> Estimate:
     """Prefill and decode on separate GPU pools; the KV of each prompt crosses the fabric (note 3).
 
-    TTFT = the prefill batch's prompts through the prefill pool + the KV transfer of one prompt.
-    TPOT = a decode step at the decode batch with no prefill interference.
+    1. TPOT = a pure decode step at the decode batch: a decode worker never prefills, so no prompt
+       tokens ride in its steps.
+    2. TTFT = prefill of ``prefill_batch`` prompts + KV transfer of one prompt, and, when the
+       closed loop's ``clients`` are known (> 0), two waits:
+       a. each decode worker carries clients / ``decode_workers`` requests but holds at most
+          ``max_sequences``; the rest wait for a slot (the agg queue rule, note 5);
+       b. the ``prefill_workers`` form a queue fed at λ = clients / (TTFT + (OSL−1) × TPOT); each
+          serves ``prefill_batch`` prompts per prefill time S, so ρ = λS / (workers × batch) and
+          the M/D/1 wait ρS / (2(1−ρ)) joins TTFT. TTFT is the fixed point, found by bisection
+          (the wait falls as TTFT rises, so there is one root).
+       ``clients`` = 0 (unknown, or the planner, which sizes the pools itself): no waits, and the
+       decode batch is ``decode_batch``.
     """
     topo = topo or Topology.for_gpu(gpu)
-    ps = Setup(model, gpu, prefill, precision, backend, topo)
-    dec = expected_latency(model, gpu, decode, decode_batch, isl, osl, backend, precision, topo)
+    ps = Setup(model, gpu, prefill, precision, backend, topo, eff)
+    ds = Setup(model, gpu, decode, precision, backend, topo, eff)
+    c = cap.capacity(
+        model, gpu, decode, context_tokens=isl + osl, precision=precision, kv_precision=ds.kv_precision
+    )
+    if not c.fits:
+        inf = float("inf")
+        return Estimate(inf, inf, 0, "kv_capacity", {"weights_per_gpu_bytes": c.weights_bytes})
+    load = math.ceil(clients / max(decode_workers, 1)) if clients > 0 else decode_batch
+    running = max(1, min(load, c.max_sequences))
+    dec = decode_step(ds, running, isl + osl / 2)
+    tpot = dec["decode_step_s"]
+    slot_wait = osl * tpot * (load / running - 1) if clients > 0 and load > running else 0.0
     kv_bytes = cap.kv_bytes_per_sequence(model, isl, ps.kv_precision)
     link = topo.inter_node if prefill.gpus + decode.gpus > topo.gpus_per_node else FABRICS[gpu.scale_up]
     transfer = link_time(link, kv_bytes / max(prefill.tp, 1), ps.eff.comm_eff)
     pre = prefill_time(ps, isl * max(prefill_batch, 1), isl)
-    terms = {k: v for k, v in dec.terms.items() if k.startswith("decode_")}
+    service = pre["prefill_s"]
+    base = service + transfer + slot_wait
+    wait = 0.0
+    if clients > 0:
+        slots = max(prefill_workers, 1) * max(prefill_batch, 1)
+
+        def excess(ttft: float) -> tuple[float, float]:
+            rho = clients / (ttft + max(osl - 1, 0) * tpot) * service / slots
+            w = rho * service / (2 * (1 - rho)) if rho < 1 else float("inf")
+            return base + w - ttft, w
+
+        lo, hi = base, base + clients * service / slots + 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if excess(mid)[0] > 0:
+                lo = mid
+            else:
+                hi = mid
+        wait = excess(hi)[1]
+    terms = dict(dec)
     terms.update(pre)
-    terms.update({"kv_transfer_bytes": kv_bytes, "kv_transfer_s": transfer})
-    tpot = terms["decode_step_s"]
-    return Estimate(pre["prefill_s"] + transfer, tpot, dec.running, dec.wall, terms)
+    terms.update({
+        "kv_transfer_bytes": kv_bytes, "kv_transfer_s": transfer, "prefill_queue_s": wait,
+        "queue_wait_s": slot_wait, "running_sequences": float(running),
+        "max_sequences": float(c.max_sequences), "weights_per_gpu_bytes": c.weights_bytes,
+    })  # fmt: skip
+    return Estimate(base + wait, tpot, running, _wall(terms, slot_wait > 0), terms)

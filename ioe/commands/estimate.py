@@ -11,6 +11,7 @@ with ``predicted_ttft_ms``, ``predicted_tpot_ms``, ``predicted_wall``, ``weights
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import sys
@@ -62,9 +63,33 @@ def _layout(row: dict[str, str], prefix: str = "") -> Layout:
     )
 
 
-def estimate_row(row: dict[str, str]) -> perf.Estimate:
-    """The estimate for one calibration-style row; raises ``ValueError``/``KeyError`` naming the column."""
-    model = modelcfg.load(row.get("model_path") or row.get("model") or "")
+def _concurrency(row: dict[str, str]) -> int:
+    """The benchmark's total concurrent clients: a ``concurrency`` column, else the
+    ``silicon_concurrency=N`` field of ``silicon_data_source``; 0 when the row does not say."""
+    if (row.get("concurrency") or "").strip():
+        return _num(row, "concurrency")
+    for part in (row.get("silicon_data_source") or "").split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == "silicon_concurrency" and value.strip():
+            return _num({"silicon_concurrency": value}, "silicon_concurrency")
+    return 0
+
+
+@functools.lru_cache(maxsize=64)
+def _model(name: str) -> modelcfg.ModelConfig:
+    """Each model of a CSV is read once (a calibration fit estimates every row many times)."""
+    return modelcfg.load(name)
+
+
+def estimate_row(row: dict[str, str], eff: perf.Efficiency | None = None) -> perf.Estimate:
+    """The estimate for one calibration-style row; raises ``ValueError``/``KeyError`` naming the column.
+
+    ``eff`` replaces the tabled factors of the row's (backend, GPU) (calibration fits them with it).
+    Disaggregated rows use their worker counts: ``prefill_num_workers`` prefill servers and
+    ``decode_num_workers`` decode servers share the benchmark's clients (:func:`_concurrency`;
+    :func:`analyzer.perf.disaggregated_latency`).
+    """
+    model = _model(row.get("model_path") or row.get("model") or "")
     gpu = catalog.gpu(row.get("system") or row.get("gpu") or "")
     backend = (row.get("backend") or "vllm").strip().lower()
     isl, osl, precision = _num(row, "isl"), _num(row, "osl"), _precision(row)
@@ -72,12 +97,15 @@ def estimate_row(row: dict[str, str]) -> perf.Estimate:
         return perf.disaggregated_latency(
             model, gpu, _layout(row, "prefill_"), _layout(row, "decode_"),
             _num(row, "prefill_batch_size", 1), _num(row, "decode_batch_size", 1),
-            isl, osl, backend, precision,
+            isl, osl, backend, precision, None,
+            _num(row, "prefill_num_workers", 1) or 1, _num(row, "decode_num_workers", 1) or 1,
+            _concurrency(row), eff,
         )  # fmt: skip
-    burst = perf.EFFICIENCY[backend].burst_share if backend in perf.EFFICIENCY else 0.0
+    factors = eff or perf.efficiency(backend, gpu.name)
     return perf.expected_latency(
-        model, gpu, _layout(row), _num(row, "batch_size"), isl, osl, backend, precision, burst_share=burst
-    )
+        model, gpu, _layout(row), _num(row, "batch_size"), isl, osl, backend, precision,
+        burst_share=factors.burst_share, eff=factors,
+    )  # fmt: skip
 
 
 def annotate(row: dict[str, str]) -> dict[str, Any]:
