@@ -7,8 +7,9 @@ Counter values are derived from what the engine did in the last window (``window
 2. ``DRAM_ACTIVE`` = 0.85 × the share of the window spent streaming HBM (the model's memory
    roofline time), which keeps it under the practical ceiling of ~0.8–0.9 (REFERENCE §1).
 3. ``GR_ENGINE_ACTIVE`` = busy fraction. ``SM_ACTIVE`` weighs the busy time by what ran: 0.95
-   in compute-bound steps (GEMMs fill every SM), 0.6 in memory-bound steps (decode GEMV-style
-   kernels leave SMs without warps while HBM streams), 0.25 during all-reduces (NCCL runs on a
+   in compute-bound steps (GEMMs fill every SM), 0.95 in memory-bound steps too (warps stalled on
+   HBM count as active: a real H100 streaming a copy at 90 % of peak read SM 0.99, DRAM 0.90,
+   tests/data/h100_nvml), 0.25 during all-reduces (NCCL runs on a
    few channels' SMs), 0.3 for the rest (launch gaps, sampling).
 4. Intra-node TP traffic is NVLink bytes; traffic to other nodes leaves through the NIC and so
    is PCIe bytes. ``NVLINK_BANDWIDTH_TOTAL`` (field 449) is exported as dcgm-exporter does: a
@@ -118,7 +119,7 @@ def update(gpu: GpuState, w: Window) -> None:
     dt = max(w.seconds, 1e-9)
     busy = min(w.busy_s / dt, 1.0)
     rest = max(w.busy_s - w.compute_bound_s - w.memory_bound_s - w.comm_s, 0.0)
-    sm = min((0.95 * w.compute_bound_s + 0.6 * w.memory_bound_s + 0.25 * w.comm_s + 0.3 * rest) / dt, 1.0)
+    sm = min((0.95 * w.compute_bound_s + 0.95 * w.memory_bound_s + 0.25 * w.comm_s + 0.3 * rest) / dt, 1.0)
     tensor = 0.9 * min(w.compute_s / dt, 1.0)
     dram = 0.85 * min(w.hbm_s / dt, 1.0)
     power = IDLE_W + (TDP_W - IDLE_W) * (0.3 * busy + 0.7 * max(tensor, dram))

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 GPU_MODEL_NAMES = {
     "h100_sxm": "NVIDIA H100 80GB HBM3",
+    "h100_pcie": "NVIDIA H100 PCIe",
     "h200_sxm": "NVIDIA H200",
     "b200_sxm": "NVIDIA B200",
     "a100_sxm": "NVIDIA A100-SXM4-80GB",
