@@ -4,6 +4,10 @@ Start-up order: open the store (the only writer), start the writer thread, start
 (health, self-metrics, OTLP/HTTP), the optional OTLP/gRPC receiver, then every source. On
 stop the order reverses and the queue is drained into the store before it is closed, so a
 clean shutdown loses nothing that was accepted.
+
+With ``api_enabled: false`` the API is replaced by :class:`collector.health.HealthServer`
+(``/healthz``, ``/readyz``, ``/metrics`` only) and neither the web stack (FastAPI, uvicorn,
+pydantic's API models) nor the analysis refresher is imported: a collector-only agent.
 """
 
 from __future__ import annotations
@@ -13,12 +17,10 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import uvicorn
-
-from api.app import REFRESH_S, create_app
+from collector.health import HealthServer
 from collector.selfmetrics import SelfMetrics
 from collector.sidecar import Reader, Sidecar
 from collector.store import Retention, Store
@@ -56,14 +58,6 @@ def build_readers(settings: Settings) -> list[Reader]:
     return readers
 
 
-class _EmbeddedServer(uvicorn.Server):
-    """uvicorn inside the agent's loop: the agent owns SIGINT/SIGTERM and stops the API itself."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 class Agent:
     """Owns every moving part of one sidecar process."""
 
@@ -71,6 +65,7 @@ class Agent:
         self.settings = settings
         self.metrics = SelfMetrics()
         self.store = open_store(settings, threads=1)  # small batched inserts: one thread is cheapest
+        self.metrics.watch_store(self.store)
         self.queue = QueueSink(settings.queue_max_batches, on_drop=self._dropped)
         self.writer = WriterThread(
             self.queue,
@@ -87,9 +82,17 @@ class Agent:
         )
         # receivers acknowledge only what is committed (their clients retry what was not)
         self.direct = DirectSink(self.store, on_stored=self.metrics.stored)
-        self.app = create_app(
-            settings, self.store, sink=self.direct, refresh_s=REFRESH_S, registries=[self.metrics.registry]
-        )
+        self.app: Any = None
+        if settings.api_enabled:
+            from api.app import REFRESH_S, create_app
+
+            self.app = create_app(
+                settings,
+                self.store,
+                sink=self.direct,
+                refresh_s=REFRESH_S,
+                registries=[self.metrics.registry],
+            )
         self._grpc: Any = None
 
     def _dropped(self, table: str, rows: int) -> None:
@@ -97,6 +100,16 @@ class Agent:
 
     async def run(self, *, install_signals: bool = True) -> None:
         self.writer.start()
+        if install_signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.sidecar.stop)
+        self._start_grpc()
+        if self.app is None:
+            await self._run_collector_only()
+            return
+        import uvicorn
+
         server = uvicorn.Server(
             uvicorn.Config(
                 self.app,
@@ -107,11 +120,6 @@ class Agent:
                 timeout_graceful_shutdown=10,
             )
         )
-        if install_signals:
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, self.sidecar.stop)
-        self._start_grpc()
         refresher = self.app.state.refresher  # the API's lifespan is off here: the agent runs it
         refresher.start()
         api_task = asyncio.create_task(server.serve(), name="api")
@@ -122,6 +130,20 @@ class Agent:
             with contextlib.suppress(Exception):
                 await api_task
             await asyncio.to_thread(refresher.stop)
+            self.close()
+
+    async def _run_collector_only(self) -> None:
+        health = HealthServer(
+            self.settings.listen_host,
+            self.settings.listen_port,
+            [self.metrics.registry],
+            self.store.schema_version,
+        )
+        health.start()
+        try:
+            await self.sidecar.run(extra=self._extra_loops())
+        finally:
+            await asyncio.to_thread(health.stop)
             self.close()
 
     def _extra_loops(self) -> list[Callable[[], Any]]:

@@ -5,7 +5,13 @@ Series names are listed in ``docs/metrics.md`` ("Source health and self-metrics"
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 
 class SelfMetrics:
@@ -35,6 +41,47 @@ class SelfMetrics:
         self.rows_stored.labels(table).inc(rows)
         self.stored_by_table[table] = self.stored_by_table.get(table, 0) + rows
 
+    def watch_store(self, store: Any) -> None:
+        """Also export the store's DuckDB memory by tag and this process's resident memory."""
+        self.registry.register(_MemoryCollector(store))
+
     def dropped(self, reason: str, rows: int) -> None:
         if rows:
             self.rows_dropped.labels(reason).inc(rows)
+
+
+class _MemoryCollector(Collector):
+    """``ioe_store_memory_bytes{tag}`` (DuckDB's ``duckdb_memory()``, tags with bytes in use) and
+    ``ioe_process_resident_memory_bytes`` / ``ioe_process_peak_resident_memory_bytes`` (VmRSS and
+    VmHWM of ``/proc/self/status``), read when scraped. A store without ``duckdb_memory()`` (or
+    a machine without /proc) exports nothing for that part."""
+
+    def __init__(self, store: Any, status: Callable[[], str] = lambda: Path("/proc/self/status").read_text()):
+        self._store = store
+        self._status = status
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        duck = GaugeMetricFamily("ioe_store_memory_bytes", "DuckDB memory in use by tag.", labels=["tag"])
+        try:
+            with self._store.cursor() as cur:
+                rows = cur.execute("SELECT tag, memory_usage_bytes FROM duckdb_memory()").fetchall()
+        except Exception:
+            rows = []
+        for tag, used in rows:
+            if used:
+                duck.add_metric([str(tag)], float(used))
+        yield duck
+        try:
+            status = dict(line.split(":", 1) for line in self._status().splitlines() if ":" in line)
+        except OSError:
+            return
+        for key, name, text in (
+            ("VmRSS", "ioe_process_resident_memory_bytes", "Resident memory of this process."),
+            ("VmHWM", "ioe_process_peak_resident_memory_bytes", "Peak resident memory of this process."),
+        ):
+            if key in status:
+                kib = float(status[key].split()[0])
+                yield GaugeMetricFamily(name, text, value=kib * 1024)

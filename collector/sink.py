@@ -6,10 +6,12 @@ The store implements it; so does the sidecar's bounded queue (which raises
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import polars as pl
-import pyarrow as pa
+
+if TYPE_CHECKING:  # pyarrow is never imported by the write path (see collector.store)
+    import pyarrow as pa
 
 
 class Overloaded(RuntimeError):

@@ -22,12 +22,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import polars as pl
-import pyarrow as pa
 
 from collector.records import REPLACE_TABLES, TABLES
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +107,7 @@ class Store:
                 self.con.execute(table.ddl())
 
     def _stamp(self, version: int) -> None:
-        self.con.execute("INSERT INTO ioe_schema VALUES (?, ?)", [version, time.time_ns()])
+        self.con.execute(f"INSERT INTO ioe_schema VALUES ({int(version)}, {time.time_ns()})")
 
     # -- writes ---------------------------------------------------------------------------
     def write(self, table: str, batch: pl.DataFrame | pa.Table) -> int:
@@ -114,17 +117,16 @@ class Store:
             raise StoreError(f"store {self.path}: no table {table!r}")
         if self.read_only:
             raise StoreError(f"store {self.path}: opened read-only")
-        arrow = batch.to_arrow() if isinstance(batch, pl.DataFrame) else batch
-        if arrow.num_rows == 0:
+        names = batch.columns if isinstance(batch, pl.DataFrame) else batch.column_names
+        if len(batch) == 0:
             return 0
-        missing = [c for c in spec.column_names if c not in arrow.column_names]
+        missing = [c for c in spec.column_names if c not in names]
         if missing:
             raise StoreError(f"{table}: batch lacks columns {missing}")
         with self._lock:
             cur = self.con.cursor()
             try:
-                cur.register("_batch", arrow)
-                return _insert(cur, table, ", ".join(spec.column_names))
+                return _insert(cur, table, ", ".join(spec.column_names), batch)
             finally:
                 cur.close()
 
@@ -146,6 +148,9 @@ class Store:
         return {name: self.count(name) for name in TABLES}
 
     # -- maintenance ----------------------------------------------------------------------
+    # Statements here carry their numbers as SQL literals, not bound parameters: binding a
+    # Python value makes DuckDB import pandas (and with it pyarrow and numpy, +90 MB resident)
+    # when it is installed, which a collector-only sidecar must not pay for.
     def maintain(self, now_ns: int | None = None, retention: Retention | None = None) -> dict[str, int]:
         """Roll complete minutes up into ``*_1m`` and apply retention; returns rows touched.
 
@@ -159,7 +164,7 @@ class Store:
         with self._lock:
             since = max(self._state("rollup_watermark_ns") - 2 * NS_PER_MIN, 0)
             for name, sql in _ROLLUPS.items():
-                got = self.con.execute(sql, [since, cutoff]).fetchone()
+                got = self.con.execute(sql.format(since=int(since), cutoff=int(cutoff))).fetchone()
                 done[name] = int(got[0]) if got else 0
             self._set_state("rollup_watermark_ns", cutoff)
             raw_before = min(now_ns - int(retention.raw_s * 1e9), cutoff)
@@ -171,15 +176,15 @@ class Store:
         return done
 
     def _delete_before(self, table: str, column: str, before_ns: int) -> int:
-        got = self.con.execute(f"DELETE FROM {table} WHERE {column} < ?", [before_ns]).fetchone()
+        got = self.con.execute(f"DELETE FROM {table} WHERE {column} < {int(before_ns)}").fetchone()
         return int(got[0]) if got else 0
 
     def _state(self, key: str) -> int:
-        row = self.con.execute("SELECT value FROM ioe_state WHERE key = ?", [key]).fetchone()
+        row = self.con.execute(f"SELECT value FROM ioe_state WHERE key = {_text(key)}").fetchone()
         return int(row[0]) if row else 0
 
     def _set_state(self, key: str, value: int) -> None:
-        self.con.execute("INSERT OR REPLACE INTO ioe_state VALUES (?, ?)", [key, value])
+        self.con.execute(f"INSERT OR REPLACE INTO ioe_state VALUES ({_text(key)}, {int(value)})")
 
     def checkpoint(self) -> None:
         with self._lock:
@@ -196,22 +201,38 @@ class Store:
         self.close()
 
 
-def _insert(cur: duckdb.DuckDBPyConnection, table: str, cols: str) -> int:
-    """Insert the registered ``_batch``; rows whose natural key exists are ignored (or replace).
+def _text(value: str) -> str:
+    """A SQL string literal (for the store's own constant keys)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _insert(cur: duckdb.DuckDBPyConnection, table: str, cols: str, batch: pl.DataFrame | pa.Table) -> int:
+    """Insert ``batch``; rows whose natural key exists are ignored (or replace).
+
+    DuckDB reads the batch through the Arrow C stream interface (a PyCapsule from
+    ``__arrow_c_stream__``), not through pyarrow: handed a polars frame or a registered object,
+    DuckDB imports pyarrow, pandas and numpy (+60-90 MB resident in a sidecar that needs none of
+    them) and converts; the capsule is scanned as it is. A capsule is read once, so each statement
+    gets a fresh one.
 
     A plain ``INSERT`` is tried first: DuckDB's ``OR IGNORE`` path costs 2-3x more per row, and
     most batches (a new scrape, new spans) have no key that exists. A statement that hits a
     duplicate key writes nothing (autocommit), so falling back to ``OR IGNORE`` then gives exactly
     the same rows and count.
     """
-    sql = f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _batch"
+    sql = f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _stream"
     if table in REPLACE_TABLES:
-        got = cur.execute(sql.replace("INSERT", "INSERT OR REPLACE", 1)).fetchone()
-        return int(got[0]) if got else 0
+        return _run(cur, sql.replace("INSERT", "INSERT OR REPLACE", 1), batch)
     try:
-        got = cur.execute(sql).fetchone()
+        return _run(cur, sql, batch)
     except duckdb.ConstraintException:
-        got = cur.execute(sql.replace("INSERT", "INSERT OR IGNORE", 1)).fetchone()
+        return _run(cur, sql.replace("INSERT", "INSERT OR IGNORE", 1), batch)
+
+
+def _run(cur: duckdb.DuckDBPyConnection, sql: str, batch: Any) -> int:
+    """``sql`` with ``_stream`` bound (by DuckDB's replacement scan of this frame's locals)."""
+    _stream = batch.__arrow_c_stream__()
+    got = cur.execute(sql).fetchone()
     return int(got[0]) if got else 0
 
 
@@ -222,18 +243,18 @@ _ROLLUPS: dict[str, str] = {
         INSERT OR REPLACE INTO gpu_samples_1m
         SELECT {_MINUTE} AS minute_ns, host, any_value(gpu), uuid, metric, link,
                count(*), min(value), max(value), avg(value), arg_max(value, ts_ns)
-        FROM gpu_samples WHERE ts_ns >= ? AND ts_ns < ?
+        FROM gpu_samples WHERE ts_ns >= {{since}} AND ts_ns < {{cutoff}}
         GROUP BY ALL""",
     "engine_samples_1m": f"""
         INSERT OR REPLACE INTO engine_samples_1m
         SELECT {_MINUTE} AS minute_ns, {_ENGINE_ID},
                count(*), avg(value), max(value), arg_max(value, ts_ns), avg(rate_per_s)
-        FROM engine_samples WHERE ts_ns >= ? AND ts_ns < ?
+        FROM engine_samples WHERE ts_ns >= {{since}} AND ts_ns < {{cutoff}}
         GROUP BY ALL""",
     "histogram_buckets_1m": f"""
         INSERT OR REPLACE INTO histogram_buckets_1m
         SELECT {_MINUTE} AS minute_ns, {_ENGINE_ID}, le, arg_max(cumulative_count, ts_ns)
-        FROM histogram_buckets WHERE ts_ns >= ? AND ts_ns < ?
+        FROM histogram_buckets WHERE ts_ns >= {{since}} AND ts_ns < {{cutoff}}
         GROUP BY ALL""",
 }
 

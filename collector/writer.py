@@ -15,11 +15,14 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import polars as pl
-import pyarrow as pa
 
 from collector.sink import Overloaded, Sink
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 

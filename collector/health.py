@@ -1,0 +1,97 @@
+"""The collector-only agent's own endpoints, without the web stack (``api_enabled: false``).
+
+A standard-library HTTP server on a daemon thread answers, on ``listen_host:listen_port``:
+
+1. ``GET /healthz`` → 200 ``{"status": "ok"}`` while the process runs;
+2. ``GET /readyz`` → 200 ``{"status": "ready", "schema_version": N}`` once the store answers,
+   503 with the store's error otherwise;
+3. ``GET /metrics`` → the self-metrics registries in Prometheus text format 0.0.4;
+4. anything else → 404 naming the three paths; other methods → 405.
+
+These are the same answers the full API gives on those paths, so probes and scrape configs do
+not change with the mode.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+log = logging.getLogger(__name__)
+PATHS = ("/healthz", "/readyz", "/metrics")
+
+
+class HealthServer:
+    """Serves rules 1-4 until :meth:`stop`; ``port=0`` picks a free port (see :attr:`port`)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        registries: Iterable[CollectorRegistry],
+        schema_version: Callable[[], int],
+    ):
+        self._registries = list(registries)
+        self._schema_version = schema_version
+        self.httpd = ThreadingHTTPServer((host, port), self._handler())
+        self.httpd.daemon_threads = True
+        self.port = int(self.httpd.server_address[1])
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="ioe-health", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and release the port (also for a server that was never started)."""
+        if self._thread.is_alive():
+            self.httpd.shutdown()  # waits for serve_forever: would block forever if never started
+        self.httpd.server_close()
+
+    def answer(self, path: str) -> tuple[int, str, bytes]:
+        """(status, content type, body) for ``GET path`` (rules 1-4)."""
+        route = path.split("?", 1)[0]
+        if route == "/healthz":
+            return _json(200, {"status": "ok"})
+        if route == "/readyz":
+            try:
+                return _json(200, {"status": "ready", "schema_version": self._schema_version()})
+            except Exception as exc:  # the store is not answering: not ready, and say why
+                return _json(503, {"status": "not ready", "error": str(exc)})
+        if route == "/metrics":
+            return 200, CONTENT_TYPE_LATEST, b"".join(generate_latest(r) for r in self._registries)
+        return _json(404, {"error": f"no such path {route!r}; this agent serves {', '.join(PATHS)}"})
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status, ctype, body = server.answer(self.path)
+                self._send(status, ctype, body)
+
+            def do_POST(self) -> None:
+                self._send(
+                    *_json(405, {"error": "this collector-only agent takes no POST (api_enabled: false)"})
+                )
+
+            def _send(self, status: int, ctype: str, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, fmt: str, *args: Any) -> None:
+                log.debug("health %s", fmt % args)
+
+        return Handler
+
+
+def _json(status: int, doc: dict[str, Any]) -> tuple[int, str, bytes]:
+    return status, "application/json", json.dumps(doc).encode()

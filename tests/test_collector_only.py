@@ -1,0 +1,166 @@
+"""The collector-only agent (``api_enabled: false``): its three endpoints, its store, and what it
+never loads — checked on a real ``ioe sidecar`` process scraping fixture bodies on 127.0.0.1."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import duckdb
+import httpx
+import pytest
+import yaml
+
+from collector.health import HealthServer
+from collector.selfmetrics import SelfMetrics, _MemoryCollector
+from collector.store import Store
+from ioe import cli
+from tests.conftest import DATA, free_port
+from tests.httpfixtures import Route, serve
+
+FIX = DATA / "sidecar"
+HEAVY = ("libarrow", "_multiarray_umath", "pandas/_libs", "_pydantic_core")  # mapped .so files
+
+
+def _wait(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def _stored(port: int) -> float:
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return 0.0
+    return sum(
+        float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("ioe_rows_stored_total")
+    )
+
+
+@pytest.mark.e2e
+def test_collector_only_sidecar_serves_health_and_metrics_and_stores(tmp_path: Path) -> None:
+    dcgm = serve({"/metrics": Route((FIX / "h100x8_k8s_pod_labels.prom").read_bytes())})
+    vllm = serve({"/metrics": Route((FIX / "vllm_0.33.0_dp2.prom").read_bytes())})
+    port = free_port()
+    cfg = {
+        "store_path": str(tmp_path / "node.duckdb"),
+        "listen_port": port,
+        "host": "node-a",
+        "api_enabled": False,
+        "flush_interval_s": 0.2,
+        "readers": {"sysfs_infiniband": str(tmp_path / "no-ib")},
+        "targets": [
+            {"name": "dcgm", "url": dcgm.url(), "kind": "dcgm", "interval_s": 0.5},
+            {"name": "vllm", "url": vllm.url(), "kind": "engine", "interval_s": 0.5},
+        ],
+    }
+    path = tmp_path / "sidecar.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ioe", "sidecar", "--config", str(path)], stderr=subprocess.PIPE
+    )
+    try:
+        _wait(lambda: _stored(port) > 500, 60, "rows stored")
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
+        assert httpx.get(f"{base}/readyz").json() == {"status": "ready", "schema_version": 1}
+        metrics = httpx.get(f"{base}/metrics")
+        assert metrics.headers["content-type"].startswith("text/plain; version=")
+        assert 'ioe_target_up{kind="dcgm",target="dcgm"} 1.0' in metrics.text
+        assert "ioe_process_resident_memory_bytes " in metrics.text
+        assert 'ioe_store_memory_bytes{tag="' in metrics.text
+        missing = httpx.get(f"{base}/api/v1/deployments")
+        assert missing.status_code == 404 and "/healthz" in missing.json()["error"]
+        assert httpx.post(f"{base}/v1/traces", content=b"x").status_code == 405
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert [lib for lib in HEAVY[:3] if lib in maps] == []  # no pyarrow, numpy or pandas loaded
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        dcgm.close()
+        vllm.close()
+    assert proc.returncode == 0, proc.stderr.read().decode() if proc.stderr else ""
+    with duckdb.connect(str(tmp_path / "node.duckdb"), read_only=True) as con:
+        power = con.execute(
+            "SELECT count(*), min(value), max(value) FROM gpu_samples "
+            "WHERE metric = 'power_w' AND host = 'gpu-node-1'"
+        ).fetchone()
+        running = con.execute(
+            "SELECT count(*) FROM engine_samples WHERE concept = 'requests_running'"
+        ).fetchone()
+    assert power is not None and power[0] >= 8 and 0 < power[1] <= power[2] < 1000
+    assert running is not None and running[0] >= 2
+
+
+def test_health_server_answers(tmp_path: Path) -> None:
+    metrics = SelfMetrics()
+    metrics.stored("gpu_samples", 3)
+    broken = HealthServer("127.0.0.1", 0, [metrics.registry], lambda: 1 // 0)
+    status, _, body = broken.answer("/readyz")
+    assert status == 503 and b"by zero" in body
+    server = HealthServer("127.0.0.1", 0, [metrics.registry], lambda: 7)
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        assert httpx.get(f"{base}/readyz?verbose=1").json()["schema_version"] == 7
+        assert 'ioe_rows_stored_total{table="gpu_samples"} 3.0' in httpx.get(f"{base}/metrics").text
+    finally:
+        server.stop()
+        broken.stop()
+
+
+def test_memory_collector_reads_duckdb_and_proc_status(tmp_path: Path) -> None:
+    status = "Name:\tioe\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\n"
+    with Store(tmp_path / "s.duckdb") as st:
+        got = {m.name: m for m in _MemoryCollector(st, status=lambda: status).collect()}
+    assert got["ioe_process_resident_memory_bytes"].samples[0].value == 102400 * 1024
+    assert got["ioe_process_peak_resident_memory_bytes"].samples[0].value == 204800 * 1024
+    assert got["ioe_store_memory_bytes"].type == "gauge"
+
+
+def test_cli_registers_only_the_invoked_command_module() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        from ioe import cli
+        cli._for_argv(["ioe", "sidecar", "--help"])
+        print(sorted(cli._registered), "analyzer" in {m.split(".")[0] for m in sys.modules})
+        cli._for_argv(["ioe", "--help"])
+        print(len(cli._registered))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[0] == "['sidecar'] False"
+    assert int(out[1]) == len(cli._modules())
+    names = {c.name for c in cli.app.registered_commands} | {g.name for g in cli.app.registered_groups}
+    assert {"sidecar", "serve", "ingest", "query", "analyze", "trace-report"} <= names
+
+
+def test_store_writes_without_pyarrow_or_pandas(tmp_path: Path) -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys
+        for name in ("pyarrow", "pandas", "numpy"):
+            sys.modules[name] = None  # any import of them now fails
+        from collector.records import frame
+        from collector.store import Store
+        rows = [{{"ts_ns": 1, "host": "h", "uuid": "GPU-1", "metric": "power_w", "link": -1, "value": 300.0}}]
+        with Store({str(tmp_path / "s.duckdb")!r}) as st:
+            print(*(st.write("gpu_samples", frame("gpu_samples", rows)) for _ in range(2)))
+            print(st.count("gpu_samples"))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == ["1", "0", "1"]  # written once; the replay is ignored on the natural key
