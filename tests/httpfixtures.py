@@ -7,6 +7,7 @@ it; ``.url(path)`` gives the address; ``.close()`` stops it and releases any han
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -70,3 +71,13 @@ class FixtureServer:
 
 def serve(routes: dict[str, Route]) -> FixtureServer:
     return FixtureServer(routes)
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
+    """Poll ``predicate`` every 0.2 s until it is truthy; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

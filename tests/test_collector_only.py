@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import duckdb
@@ -20,19 +19,10 @@ from collector.selfmetrics import SelfMetrics, _MemoryCollector
 from collector.store import Store
 from ioe import cli
 from tests.conftest import DATA, free_port
-from tests.httpfixtures import Route, serve
+from tests.httpfixtures import Route, serve, wait_until
 
 FIX = DATA / "sidecar"
 HEAVY = ("libarrow", "_multiarray_umath", "pandas/_libs", "_pydantic_core")  # mapped .so files
-
-
-def _wait(predicate, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def _stored(port: int) -> float:
@@ -68,7 +58,7 @@ def test_collector_only_sidecar_serves_health_and_metrics_and_stores(tmp_path: P
         [sys.executable, "-m", "ioe", "sidecar", "--config", str(path)], stderr=subprocess.PIPE
     )
     try:
-        _wait(lambda: _stored(port) > 500, 60, "rows stored")
+        wait_until(lambda: _stored(port) > 500, 60, "rows stored")
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
         assert httpx.get(f"{base}/readyz").json() == {"status": "ready", "schema_version": 1}

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import duckdb
@@ -16,7 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import DATA, free_port
-from tests.httpfixtures import Route, serve
+from tests.httpfixtures import Route, serve, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -26,15 +25,6 @@ GARBAGE = (
     b'vllm:num_requests_running{engine="0",model_name="m"} 7\n'
     b"this line is not exposition at all {{{\n"
 )
-
-
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def _scrapes(port: int, target: str) -> float:
@@ -104,7 +94,9 @@ def test_sidecar_end_to_end(tmp_path: Path, endpoints) -> None:
         env=env,
     )
     try:
-        _wait(lambda: _scrapes(port, "dcgm") >= 6 and _scrapes(port, "vllm") >= 6, 40, "6 good scrapes each")
+        wait_until(
+            lambda: _scrapes(port, "dcgm") >= 6 and _scrapes(port, "vllm") >= 6, 40, "6 good scrapes each"
+        )
         # the hanging target costs only itself: it got far fewer (each waits its 1 s timeout)
         assert _scrapes(port, "hang") < _scrapes(port, "dcgm")
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
