@@ -90,3 +90,56 @@ def test_cache_is_bounded_when_label_sets_keep_changing() -> None:
     for step in range(10):
         _same(DCGM.replace(POD, f"{POD}-{step}"), unbounded, step + 1)
     assert len(unbounded.gpu) == 30 + 9 * 4  # what the bound prevents from growing
+
+
+def _replays(cache: ScrapeCache, body: str, kind: str, ts_ns: int) -> bool:
+    """Whether this scrape was answered by replay (scrape rule 6): the full path never ran."""
+    import collector.formats.scrape as scrape
+
+    calls: list[int] = []
+    real = scrape.parse
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.extend([1] if kwargs.get("cache") is not None else [])  # the warm scrape's full path
+        return real(*args, **kwargs)
+
+    scrape.parse = counted  # type: ignore[assignment]
+    try:
+        _same(body, cache, ts_ns, kind)
+    finally:
+        scrape.parse = real
+    return not calls
+
+
+def test_same_shape_bodies_are_replayed_with_the_full_paths_rows() -> None:
+    for body, kind in ((DCGM, "dcgm"), (VLLM, "engine"), (SGLANG, "engine"), (VLLM + DCGM, "auto")):
+        cache = ScrapeCache()
+        assert not _replays(cache, body, kind, 10**9)  # first scrape: full path, then learned
+        assert cache.replay is not None
+        for step in range(1, 4):  # values move, shape stays: replayed, rows equal a cold parse
+            assert _replays(cache, _bump(body, step * 0.01), kind, (step + 1) * 10**9)
+
+
+def test_values_the_mappers_refuse_take_the_full_path() -> None:
+    kv = re.search(r"(?m)^(vllm:(?:kv|gpu)_cache_usage_perc\{[^}]*\}) (\S+)$", VLLM)
+    assert kv is not None
+    refused = [
+        (DCGM, "dcgm", DCGM.replace("68.347000", "NaN")),  # non-finite
+        (DCGM, "dcgm", DCGM.replace("68.347000", "1e15")),  # DCGM blank sentinel
+        (VLLM, "engine", VLLM.replace(kv[0], f"{kv[1]} 1.5")),  # KV usage outside 0..1
+    ]
+    for body, kind, bad in refused:
+        cache = ScrapeCache()
+        _same(body, cache, 10**9, kind)
+        assert not _replays(cache, bad, kind, 2 * 10**9)  # same shape, but the full path ran
+        assert cache.replay is None  # a scrape with problems is not learned
+        assert not _replays(cache, body, kind, 3 * 10**9)
+        assert _replays(cache, _bump(body, 0.01), kind, 4 * 10**9)
+
+
+def test_a_new_label_set_or_timestamp_is_not_replayed() -> None:
+    cache = ScrapeCache()
+    _same(DCGM, cache, 10**9, "dcgm")
+    assert not _replays(cache, DCGM.replace(POD, "vllm-agg-0-other"), "dcgm", 2 * 10**9)
+    stamped = DCGM.replace("68.347000", "68.347000 1767225600000")
+    assert not _replays(cache, stamped, "dcgm", 3 * 10**9)

@@ -141,22 +141,33 @@ def canonical(name: str) -> tuple[str, float]:
 
 
 def to_gpu_samples(
-    exp: Exposition, *, ts_ns: int, host: str = "", source: str = "", memo: GpuMemo | None = None
+    exp: Exposition,
+    *,
+    ts_ns: int,
+    host: str = "",
+    source: str = "",
+    memo: GpuMemo | None = None,
+    trace: list[tuple[int, float, bool]] | None = None,
 ) -> Parsed:
-    """``gpu_samples`` rows for the DCGM samples of ``exp`` (see the module rules)."""
+    """``gpu_samples`` rows for the DCGM samples of ``exp`` (see the module rules).
+
+    ``trace``, when given, receives one ``(sample index, scale, False)`` per row, in row order:
+    what a scrape cache needs to rebuild the rows from new values (scrape rule 6)."""
     memo = {} if memo is None else memo
     source = source or exp.source
     idents: list[_Ident] = []
     values: list[float] = []
     stamps: list[int] = []
     dropped: dict[str, int] = {}
-    for sample in exp.samples:
+    for index, sample in enumerate(exp.samples):
         if not is_gpu_metric(sample.name):
             continue
         if not math.isfinite(sample.value) or sample.value >= BLANK_MIN:
             dropped[sample.name] = dropped.get(sample.name, 0) + 1
             continue
         ident = _identity(memo, sample, host, source)
+        if trace is not None:
+            trace.append((index, ident[1], False))
         idents.append(ident)
         values.append(sample.value * ident[1])
         stamps.append(ts_ns if sample.timestamp_ms is None else int(sample.timestamp_ms * 1_000_000))

@@ -186,12 +186,23 @@ def family_of(name: str) -> tuple[Concept, str] | None:
 
 
 def to_engine_samples(
-    exp: Exposition, *, ts_ns: int, source: str = "", memo: EngineMemo | None = None
+    exp: Exposition,
+    *,
+    ts_ns: int,
+    source: str = "",
+    memo: EngineMemo | None = None,
+    trace: dict[str, list[tuple[int, float, bool]]] | None = None,
 ) -> Parsed:
-    """``engine_samples`` and ``histogram_buckets`` rows for the engine samples of ``exp``."""
+    """``engine_samples`` and ``histogram_buckets`` rows for the engine samples of ``exp``.
+
+    ``trace``, when given, receives per table one ``(sample index, factor, is KV usage)`` per
+    row, in row order (scrape rule 6)."""
     out = _Rows(source or exp.source, ts_ns, {} if memo is None else memo)
-    for sample in exp.samples:
-        out.add(sample)
+    for index, sample in enumerate(exp.samples):
+        out.add(sample, index)
+    if trace is not None:
+        trace["engine_samples"] = out.trace_samples
+        trace["histogram_buckets"] = out.trace_buckets
     return out.parsed()
 
 
@@ -224,8 +235,10 @@ class _Rows:
         # identity columns per (engine, label mapping): the parser shares one mapping among
         # the samples of a body with equal labels, so this is computed once per label set
         self.identities: dict[tuple[str, int], tuple[Any, ...]] = {}
+        self.trace_samples: list[tuple[int, float, bool]] = []
+        self.trace_buckets: list[tuple[int, float, bool]] = []
 
-    def add(self, sample: Sample) -> None:
+    def add(self, sample: Sample, index: int = -1) -> None:
         series = self.series(sample)
         if not series.mapped:
             return
@@ -241,11 +254,13 @@ class _Rows:
         ts = self.ts_ns if sample.timestamp_ms is None else int(sample.timestamp_ms * 1_000_000)
         if series.table == "samples":
             self.samples.append((ts, *series.ident, value, None))
+            self.trace_samples.append((index, series.factor, series.kv))
         elif series.le is None:
             where = f"{sample.name}{{le={quote(sample.labels.get('le', ''))}}}"
             self.problems.append(Problem(where, "bucket without a numeric le"))
         else:
             self.buckets.append((ts, *series.ident, series.le, value))
+            self.trace_buckets.append((index, series.factor, False))
 
     def series(self, sample: Sample) -> _Series:
         """Rule 9: the memo's mapping of this series, worked out on a miss."""

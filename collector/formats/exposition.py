@@ -47,6 +47,11 @@ Rules (numbered so that errors and tests can point at them):
     identical with or without it; the cache holds at most ``max_labels`` blocks (cleared whole
     past that).
 
+12. :func:`body_shape` splits a body the fast path accepts whole (no timestamps, nothing it
+    would refuse) into its *shape* — the comment lines, sample names and label blocks, in
+    order — and the value texts of its sample lines, so a caller can tell that a body differs
+    from an earlier one in its values alone.
+
 Two paths accept the same language: a column-wise fast path for clean bodies (what the
 benchmark measures) and an exact line-by-line path, used for the whole body as soon as
 anything is refused, that names every problem with its line number.
@@ -186,6 +191,21 @@ def parse(
         state.problem(0, "", "OpenMetrics body without # EOF: it may be truncated (rule 2)")
     state.finish()
     return state.exp
+
+
+Shape = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+
+
+def body_shape(text: str) -> tuple[Shape, list[str]] | None:
+    """Rule 12: (shape, value texts of the sample lines in order), or None for a body with a
+    timestamp or a line the fast path does not take (the caller then parses it in full)."""
+    rows = _FAST.findall(text)
+    if not rows:
+        return None
+    comments, names, blocks, values, stamps, others = zip(*rows, strict=True)
+    if any(others) or any(stamps):
+        return None
+    return (comments, names, blocks), list(compress(values, names))
 
 
 def _scan_clean(text: str, st: _State) -> bool:
