@@ -30,7 +30,7 @@ import polars as pl
 
 from collector.errors import Problem
 from collector.formats import Parsed
-from collector.formats.scrape import ScrapeCache, parse_scrape
+from collector.formats.scrape import ScrapeCache, parse_scrape, replay_scrape
 from collector.rates import CounterRates
 from collector.records import frame
 from collector.selfmetrics import SelfMetrics
@@ -129,15 +129,15 @@ class Sidecar:
         t0 = time.monotonic()
         try:
             text = await fetch(client, spec.name, spec.url, spec.timeout_s, spec.max_body_bytes)
-            parsed = await asyncio.to_thread(
-                parse_scrape,
-                text,
-                kind=spec.kind,
-                ts_ns=ts_ns,
-                host=spec.host or self.settings.host,
-                source=spec.name,
-                cache=self._caches.setdefault(spec.name, ScrapeCache()),
+            cache = self._caches.setdefault(spec.name, ScrapeCache())
+            host = spec.host or self.settings.host
+            # a body shaped like the last one replays in ~1 ms on the loop; anything else is
+            # parsed in full off the loop, so a huge or broken body never stalls other targets
+            parsed = replay_scrape(
+                text, kind=spec.kind, ts_ns=ts_ns, host=host, source=spec.name, cache=cache
             )
+            if parsed is None:
+                parsed = await asyncio.to_thread(_parse_full, spec, text, ts_ns, host, cache)
         except ScrapeError as exc:
             self._record(state, ts_ns, time.monotonic() - t0, error=str(exc))
             return
@@ -232,6 +232,10 @@ class Sidecar:
     def write_deployments(self, specs: list[DeploymentSpec]) -> None:
         if specs:
             self.sink.offer("deployments", deployments_frame(specs, self.clock()))
+
+
+def _parse_full(spec: TargetSpec, body: bytes, ts_ns: int, host: str, cache: ScrapeCache) -> Parsed:
+    return parse_scrape(body, kind=spec.kind, ts_ns=ts_ns, host=host, source=spec.name, cache=cache)
 
 
 def _health_frame(state: SourceState, now: int) -> pl.DataFrame:

@@ -143,3 +143,25 @@ def test_a_new_label_set_or_timestamp_is_not_replayed() -> None:
     assert not _replays(cache, DCGM.replace(POD, "vllm-agg-0-other"), "dcgm", 2 * 10**9)
     stamped = DCGM.replace("68.347000", "68.347000 1767225600000")
     assert not _replays(cache, stamped, "dcgm", 3 * 10**9)
+
+
+def test_replay_scrape_alone_answers_only_what_replays() -> None:
+    from collector.formats.scrape import REPLAY_MAX_BYTES, replay_scrape
+
+    where = {"kind": "engine", "host": "node-a", "source": "t"}
+    cache = ScrapeCache()
+    body = VLLM.encode()
+    assert replay_scrape(body, ts_ns=1, cache=cache, **where) is None  # nothing remembered yet
+    parse_scrape(body, ts_ns=1, cache=cache, **where)  # type: ignore[arg-type]
+    moved = _bump(VLLM, 0.01).encode()
+    got = replay_scrape(moved, ts_ns=2, cache=cache, **where)
+    cold = parse_scrape(moved, ts_ns=2, **where)  # type: ignore[arg-type]
+    assert got is not None and got.problems == [] and got.tables.keys() == cold.tables.keys()
+    for table, frame in cold.tables.items():
+        assert_frame_equal(got.tables[table], frame)
+    assert replay_scrape(moved, ts_ns=3, cache=cache, **{**where, "source": "other"}) is None
+    assert (
+        replay_scrape(VLLM.replace('engine="1"', 'engine="9"').encode(), ts_ns=3, cache=cache, **where)
+        is None
+    )
+    assert replay_scrape(moved + b"#" * REPLAY_MAX_BYTES, ts_ns=3, cache=cache, **where) is None

@@ -54,6 +54,7 @@ Kind = Literal["dcgm", "engine", "auto"]
 
 
 Trace = list[tuple[int, float, bool]]  # per row: (sample index, scale, must lie in 0..1)
+REPLAY_MAX_BYTES = 4 << 20  # replay_scrape leaves larger bodies to the full path (off the loop)
 VALUE_COLUMN = {"gpu_samples": "value", "engine_samples": "value", "histogram_buckets": "cumulative_count"}
 
 
@@ -118,6 +119,35 @@ def parse_scrape(
         replayed = _replayed(memo.replay, shape[1], ts_ns)
         if replayed is not None:
             return replayed
+    return _full(text, kind, ts_ns, host, source, max_bytes, cache, memo, shape)
+
+
+def replay_scrape(
+    body: bytes, *, kind: Kind, ts_ns: int, host: str, source: str, cache: ScrapeCache
+) -> Parsed | None:
+    """Rule 6 alone: the rows of ``body`` if it replays (the same rows :func:`parse_scrape`
+    would give), else None. Cheap enough for an event loop: it gives up at once without a
+    remembered scrape, and on bodies over :data:`REPLAY_MAX_BYTES`."""
+    if cache.replay is None or len(body) > REPLAY_MAX_BYTES:
+        return None
+    shape = body_shape(body.decode("utf-8", errors="replace"))
+    if shape is None or cache.replay.key != (kind, host, source, shape[0]):
+        return None
+    return _replayed(cache.replay, shape[1], ts_ns)
+
+
+def _full(
+    text: str,
+    kind: Kind,
+    ts_ns: int,
+    host: str,
+    source: str,
+    max_bytes: int,
+    cache: ScrapeCache | None,
+    memo: ScrapeCache,
+    shape: tuple[Shape, list[str]] | None,
+) -> Parsed:
+    """The full path: parse, map, and (with a cache) remember the scrape for rule 6."""
     exp = parse(text, source=source, max_chars=max_bytes, cache=memo.parse if cache else None)
     result = Parsed(problems=[_named(p, source) for p in exp.problems])
     traces: dict[str, Trace] = {}
