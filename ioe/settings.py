@@ -88,8 +88,8 @@ class Settings(_Model):
     listen_port: int = Field(default=9477, ge=0, le=65535)
     # the REST API, the page and the OTLP/HTTP receiver on listen_port, refreshed every 15 s.
     # false: a collector-only agent that answers just /healthz, /readyz and /metrics there and
-    # never imports the web stack, pyarrow or pandas: 190 MB peak instead of 325, 2.3 % of a core
-    # instead of 3.9 (bench/results/sidecar.md); query its store with `ioe query` or over DuckLake.
+    # never imports the web stack, pyarrow or pandas: ~190 MB peak instead of ~325 and about half
+    # the CPU (bench/results/sidecar.md); query its store with `ioe query` or over DuckLake.
     api_enabled: bool = True
     host: str = Field(default_factory=lambda: os.uname().nodename)
     targets: list[TargetSpec] = Field(default_factory=list)
