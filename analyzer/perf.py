@@ -33,6 +33,8 @@ Rules (REFERENCE §5), per GPU of the most loaded pipeline stage:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -150,13 +152,24 @@ PLATFORM_EFFICIENCY: dict[tuple[str, str], Efficiency] = {  # (backend, GPU): fi
 }  # fmt: skip
 
 
-def efficiency(backend: str, gpu: str = "") -> Efficiency:
+def efficiency(backend: str, gpu: str = "", *, harness: bool = False) -> Efficiency:
     """The factors of ``backend`` on ``gpu`` (a catalog name): the platform's own row when it has
-    one, else the backend's default row."""
+    one, else the backend's default row.
+
+    ``burst_share`` and ``prefix_hit`` describe the benchmark that measured the calibration rows
+    (its opening burst, its repeated prompts), not the hardware: they are kept only with
+    ``harness=True`` (estimating those rows). Everything else — plans, expected latency for a
+    deployment, the simulator — gets them as 0, so no calibration workload leaks into a user's
+    prediction."""
     found = PLATFORM_EFFICIENCY.get((backend, gpu)) or EFFICIENCY.get(backend)
     if found is None:
         raise KeyError(f"unknown backend {backend!r}; known: {', '.join(EFFICIENCY)}")
-    return found
+    return found if harness else _without_harness(found)
+
+
+@functools.cache
+def _without_harness(eff: Efficiency) -> Efficiency:
+    return dataclasses.replace(eff, burst_share=0.0, prefix_hit=0.0)
 
 
 @dataclass(frozen=True)
@@ -307,13 +320,16 @@ def step_time(s: Setup, running: int, ctx_tokens: float, prefill_tokens: float, 
         flops += compute_time(s, round(pre), isl, causal_prefill=True)
     comm = comm_time(s, per_stage + round(pre))
     stage = max(hbm, flops) + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
+    # host bookkeeping per sequence: with attention-DP each of the TP ranks schedules its own
+    # share of the sequences, side by side (one scheduler per DP-attention rank)
+    scheduled = per_stage / lay.tp if lay.attention_dp else per_stage
     return {
         "weights_read_bytes": weights,
         "kv_read_bytes": kv,
         "decode_hbm_s": hbm,
         "decode_compute_s": flops,
         **{f"decode_{k}": v for k, v in comm.items()},
-        "decode_step_s": lay.pp * (stage + s.eff.step_overhead_s + s.eff.seq_overhead_s * per_stage)
+        "decode_step_s": lay.pp * (stage + s.eff.step_overhead_s + s.eff.seq_overhead_s * scheduled)
         + comm.get("pp_send_s", 0.0),
     }
 

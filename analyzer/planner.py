@@ -123,15 +123,30 @@ def layouts(p: Problem) -> list[Layout]:
 
 
 def _best_batch(p: Problem, lay: Layout, w: Workload) -> tuple[int, perf.Estimate | None]:
-    """Largest per-replica concurrency (power of two) meeting both SLOs (note 2)."""
-    best: tuple[int, perf.Estimate | None] = (0, None)
-    for b in _pow2_upto(4096):
+    """Largest per-replica concurrency meeting both SLOs (note 2): powers of two up to the first
+    that fails, then a bisection between the last that passed and it, so two layouts are not
+    compared at 256 when one of them would hold 448."""
+
+    def meets(b: int) -> tuple[bool, perf.Estimate]:
         est = perf.expected_latency(p.model, p.gpu, lay, b, w.isl, w.osl, p.backend, p.precision, p.topo)
-        if est.running < b or est.ttft_s > w.ttft_slo_s or est.tpot_s > w.tpot_slo_s:
-            if best[1] is None:
-                best = (0, est)
+        return est.running >= b and est.ttft_s <= w.ttft_slo_s and est.tpot_s <= w.tpot_slo_s, est
+
+    best: tuple[int, perf.Estimate | None] = (0, None)
+    failed = 0
+    for b in _pow2_upto(4096):
+        ok, est = meets(b)
+        if not ok:
+            best, failed = (best if best[1] is not None else (0, est)), b
             break
         best = (b, est)
+    lo, hi = best[0], failed
+    while lo and hi - lo > max(1, lo // 16):  # to within 1/16 of the concurrency
+        mid = (lo + hi) // 2
+        ok, est = meets(mid)
+        if ok:
+            lo, best = mid, (mid, est)
+        else:
+            hi = mid
     return best
 
 

@@ -175,7 +175,7 @@ def cross_validated(rows: list[Row], backend: str, folds: int = FOLDS) -> Errors
 
 def _factors_key(backend: str, system: str) -> tuple[str, str]:
     """The row of the factor table a (backend, system) uses."""
-    shipped = perf.efficiency(backend, system)
+    shipped = perf.efficiency(backend, system, harness=True)
     for key in ((backend, system), *((b, s) for b, s in FIT_ON if b == backend)):
         if key in perf.PLATFORM_EFFICIENCY and perf.PLATFORM_EFFICIENCY[key] is shipped:
             return key

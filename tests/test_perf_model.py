@@ -150,13 +150,22 @@ def test_prefix_cache_hits_are_not_recomputed() -> None:
 
 
 def test_efficiency_rows_resolve_platform_first_then_backend() -> None:
-    assert perf.efficiency("vllm", "h200_sxm") is perf.PLATFORM_EFFICIENCY[("vllm", "h200_sxm")]
-    assert perf.efficiency("vllm", "h100_sxm") is perf.EFFICIENCY["vllm"]
-    assert perf.efficiency("trtllm", "gb200") is perf.EFFICIENCY["trtllm"]
+    h200_vllm = perf.PLATFORM_EFFICIENCY[("vllm", "h200_sxm")]
+    assert perf.efficiency("vllm", "h200_sxm", harness=True) is h200_vllm
+    assert perf.efficiency("vllm", "h100_sxm", harness=True) is perf.EFFICIENCY["vllm"]
+    assert perf.efficiency("trtllm", "gb200", harness=True) is perf.EFFICIENCY["trtllm"]
     with pytest.raises(KeyError, match="unknown backend 'tgi'"):
         perf.efficiency("tgi", "h100_sxm")
+    # a deployment's prediction keeps the platform's hardware factors but none of the
+    # calibration benchmark's workload (its prefix-cache hits, its opening burst)
     h200 = catalog.gpu("h200_sxm")
-    assert perf.Setup(modelcfg.load("llama-3.1-8b"), h200, Layout()).eff.prefix_hit == 0.5
+    eff = perf.Setup(modelcfg.load("llama-3.1-8b"), h200, Layout()).eff
+    assert (eff.prefix_hit, eff.burst_share) == (0.0, 0.0) and h200_vllm.prefix_hit == 0.5
+    assert (eff.mfu, eff.hbm_eff, eff.step_overhead_s) == (
+        h200_vllm.mfu,
+        h200_vllm.hbm_eff,
+        h200_vllm.step_overhead_s,
+    )
 
 
 def test_disaggregated_decode_carries_no_prefill_and_the_prefill_pool_queues() -> None:

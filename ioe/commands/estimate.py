@@ -99,9 +99,9 @@ def estimate_row(row: dict[str, str], eff: perf.Efficiency | None = None) -> per
             _num(row, "prefill_batch_size", 1), _num(row, "decode_batch_size", 1),
             isl, osl, backend, precision, None,
             _num(row, "prefill_num_workers", 1) or 1, _num(row, "decode_num_workers", 1) or 1,
-            _concurrency(row), eff,
+            _concurrency(row), eff or perf.efficiency(backend, gpu.name, harness=True),
         )  # fmt: skip
-    factors = eff or perf.efficiency(backend, gpu.name)
+    factors = eff or perf.efficiency(backend, gpu.name, harness=True)  # the rows' own benchmark
     return perf.expected_latency(
         model, gpu, _layout(row), _num(row, "batch_size"), isl, osl, backend, precision,
         burst_share=factors.burst_share, eff=factors,
