@@ -10,8 +10,10 @@ Rules (REFERENCE §5), per GPU of the most loaded pipeline stage:
   3. TP: 2 all-reduces per layer of tokens × hidden × 2 B; ring traffic 2(n−1)/n × message.
      PP: hidden × 2 B per token at each stage boundary; a token crosses all PP stages in turn,
      each running 1/PP of the batch (the pipeline's micro-batches), so PP does not shorten TPOT.
-     EP: dispatch + combine all-to-all ≈ 2 × top_k × hidden × bytes × (EP−1)/EP per token per
-     MoE layer. P/D: KV bytes/token × ISL per request crosses the inter-node fabric.
+     EP: dispatch + combine all-to-all of hidden × bytes per token per MoE layer to each
+     distinct remote rank holding one of its top_k experts (DeepEP/pplx-style dispatch sends a
+     token once per rank): ranks × (1 − C(E − E/EP, k) / C(E, k)) − its own, not top_k × (EP−1)/EP.
+     P/D: KV bytes/token × ISL per request crosses the inter-node fabric.
   4. Each transfer costs the latency + bytes / one-way bandwidth of the link it crosses: the
      scale-up (NVLink) domain when the group fits in one node, the inter-node fabric otherwise.
   5. Serving at concurrency C in aggregated mode: the running batch is min(C, sequences that fit
@@ -292,13 +294,23 @@ def comm_time(s: Setup, tokens: int) -> dict[str, float]:
         out["tp_allreduce_s"] = 2 * s.stage_layers * allreduce_time(link, lay.tp, msg, e)
     if m.is_moe and lay.ep > 1:
         link = group_link(s.gpu, s.topo, lay.ep)
-        per = 2 * m.top_k * m.hidden * ACT_BYTES * (lay.ep - 1) / lay.ep * tokens / lay.ep
+        per = 2 * remote_ranks(m.experts, m.top_k, lay.ep) * m.hidden * ACT_BYTES * tokens / lay.ep
         moe_layers = s.stage_layers * m.moe_layers / m.layers
         out["ep_alltoall_s"] = moe_layers * 2 * link_time(link, per / 2, e)
     if lay.pp > 1:
         link = group_link(s.gpu, s.topo, lay.tp * lay.pp)
         out["pp_send_s"] = (lay.pp - 1) * link_time(link, msg, e)
     return out
+
+
+def remote_ranks(experts: int, top_k: int, ep: int) -> float:
+    """Expected remote EP ranks a token's ``top_k`` experts land on (experts spread evenly, the
+    token's own rank holding its share): ep × P(a rank holds one of them) × (ep − 1)/ep."""
+    if ep <= 1 or experts <= 0:
+        return 0.0
+    k = min(top_k, experts)
+    none_here = math.comb(experts - experts // ep, k) / math.comb(experts, k)
+    return ep * (1 - none_here) * (ep - 1) / ep
 
 
 def step_time(s: Setup, running: int, ctx_tokens: float, prefill_tokens: float, isl: int) -> dict[str, float]:
