@@ -180,7 +180,7 @@ def main(argv: list[str]) -> None:
     from collector.sources.nvml import NvmlReader
 
     info = machine()
-    reader = NvmlReader(host=platform.node())
+    reader = NvmlReader(host=platform.node(), energy_every=1)  # the energy test integrates every read
     print("reader:", reader.available(), flush=True)
     smi = subprocess.Popen(
         ["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits", "-lms", "500"],

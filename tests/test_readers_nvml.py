@@ -195,3 +195,10 @@ def test_real_pynvml_without_driver_does_not_crash() -> None:
         assert parsed.tables["gpu_samples"].height > 0
     else:
         assert why.startswith(("NVML cannot start", "NVML found no"))
+
+
+def test_energy_is_read_on_the_first_read_then_every_nth() -> None:
+    reader = NvmlReader(FakeNvml(), energy_every=3)
+    seen = ["energy_j" in _metrics(reader.read((i + 1) * S), 0) for i in range(7)]
+    assert seen == [True, False, False, True, False, False, True]
+    assert "power_w" in _metrics(reader.read(8 * S), 0)  # the rest is read every time
