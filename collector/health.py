@@ -5,7 +5,8 @@ A standard-library HTTP server on a daemon thread answers, on ``listen_host:list
 1. ``GET /healthz`` → 200 ``{"status": "ok"}`` while the process runs;
 2. ``GET /readyz`` → 200 ``{"status": "ready", "schema_version": N}`` once the store answers,
    503 with the store's error otherwise;
-3. ``GET /metrics`` → the self-metrics registries in Prometheus text format 0.0.4;
+3. ``GET /metrics`` → the self-metrics registries in prometheus_client's text format
+   (``CONTENT_TYPE_LATEST``, as the full API serves them);
 4. anything else → 404 naming the three paths; other methods → 405.
 
 These are the same answers the full API gives on those paths, so probes and scrape configs do

@@ -114,11 +114,11 @@ def parse_scrape(
             raise ParseError(f"body of {len(text):,} bytes exceeds the cap of {max_bytes:,}", source=source)
         text = text.decode("utf-8", errors="replace")
     memo = (cache or ScrapeCache()).bounded()
-    shape = body_shape(text) if cache is not None and len(text) <= max_bytes else None
-    if shape is not None and memo.replay is not None and memo.replay.key == (kind, host, source, shape[0]):
-        replayed = _replayed(memo.replay, shape[1], ts_ns)
-        if replayed is not None:
-            return replayed
+    shape, replayed = None, None
+    if cache is not None and len(text) <= max_bytes:
+        shape, replayed = _replay_of(text, kind, host, source, memo, ts_ns)
+    if replayed is not None:
+        return replayed
     return _full(text, kind, ts_ns, host, source, max_bytes, cache, memo, shape)
 
 
@@ -130,10 +130,17 @@ def replay_scrape(
     remembered scrape, and on bodies over :data:`REPLAY_MAX_BYTES`."""
     if cache.replay is None or len(body) > REPLAY_MAX_BYTES:
         return None
-    shape = body_shape(body.decode("utf-8", errors="replace"))
-    if shape is None or cache.replay.key != (kind, host, source, shape[0]):
-        return None
-    return _replayed(cache.replay, shape[1], ts_ns)
+    return _replay_of(body.decode("utf-8", errors="replace"), kind, host, source, cache, ts_ns)[1]
+
+
+def _replay_of(
+    text: str, kind: Kind, host: str, source: str, cache: ScrapeCache, ts_ns: int
+) -> tuple[tuple[Shape, list[str]] | None, Parsed | None]:
+    """(the body's shape and value texts, its replayed rows or None): the one rule-6 check."""
+    shape = body_shape(text)
+    if shape is None or cache.replay is None or cache.replay.key != (kind, host, source, shape[0]):
+        return shape, None
+    return shape, _replayed(cache.replay, shape[1], ts_ns)
 
 
 def _full(
