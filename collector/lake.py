@@ -59,7 +59,7 @@ import pyarrow.compute as pc
 
 from collector.lake_spool import Spool
 from collector.records import REPLACE_TABLES, TABLES, Table
-from collector.store import MIGRATIONS, NS_PER_MIN, SCHEMA_VERSION, Retention, Store, StoreError
+from collector.store import MIGRATIONS, NS_PER_MIN, SCHEMA_VERSION, Retention, RowCounts, Store, StoreError
 
 if TYPE_CHECKING:
     from ioe.settings import Settings
@@ -165,7 +165,7 @@ def arrow_schema(table: Table) -> pa.Schema:
 
 
 # -- the store --------------------------------------------------------------------------------
-class LakeStore:
+class LakeStore(RowCounts):
     """DuckLake-backed store with a local spool; see the module docstring for its rules."""
 
     def __init__(self, cfg: LakeConfig, *, retention: Retention | None = None):
@@ -320,14 +320,6 @@ class LakeStore:
             yield cur
         finally:
             cur.close()
-
-    def count(self, table: str) -> int:
-        with self.cursor() as cur:
-            row = cur.execute(f"SELECT count(*) FROM {TABLES[table].name}").fetchone()
-        return int(row[0]) if row else 0
-
-    def counts(self) -> dict[str, int]:
-        return {name: self.count(name) for name in TABLES}
 
     # -- maintenance --------------------------------------------------------------------
     def maintain(self, now_ns: int | None = None, retention: Retention | None = None) -> dict[str, int]:

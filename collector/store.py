@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,7 +58,22 @@ class Retention:
     rollup_s: float = 30 * 86400
 
 
-class Store:
+class RowCounts:
+    """``count``/``counts`` for any store whose ``cursor()`` reads its tables (DuckDB file or lake)."""
+
+    def cursor(self) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
+        raise NotImplementedError
+
+    def count(self, table: str) -> int:
+        with self.cursor() as cur:
+            row = cur.execute(f"SELECT count(*) FROM {TABLES[table].name}").fetchone()
+        return int(row[0]) if row else 0
+
+    def counts(self) -> dict[str, int]:
+        return {name: self.count(name) for name in TABLES}
+
+
+class Store(RowCounts):
     """DuckDB-backed store. Thread-safe: writes are serialized; reads use their own cursor."""
 
     def __init__(self, path: str | Path = ":memory:", *, read_only: bool = False, threads: int | None = None):
@@ -138,14 +153,6 @@ class Store:
             yield cur
         finally:
             cur.close()
-
-    def count(self, table: str) -> int:
-        with self.cursor() as cur:
-            row = cur.execute(f"SELECT count(*) FROM {TABLES[table].name}").fetchone()
-        return int(row[0]) if row else 0
-
-    def counts(self) -> dict[str, int]:
-        return {name: self.count(name) for name in TABLES}
 
     # -- maintenance ----------------------------------------------------------------------
     # Statements here carry their numbers as SQL literals, not bound parameters: binding a
