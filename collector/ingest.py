@@ -78,7 +78,7 @@ def ingest_paths(store: Sink, paths: Iterable[str | Path], ctx: IngestContext | 
 
 
 def _write(store: Sink, parsed: Parsed, path: Path, report: IngestReport) -> None:
-    for table, batch in parsed.tables.items():
+    for table, batch in parsed.batches.items():
         report.rows[table] += store.write(table, batch)
     if parsed.problems:
         now = time.time_ns()

@@ -57,6 +57,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from collector.batch import Batch
 from collector.lake_spool import Spool
 from collector.records import REPLACE_TABLES, TABLES, Table
 from collector.store import MIGRATIONS, NS_PER_MIN, SCHEMA_VERSION, Retention, RowCounts, Store, StoreError
@@ -259,7 +260,7 @@ class LakeStore(RowCounts):
             return _schema_version(cur)
 
     # -- writes -------------------------------------------------------------------------
-    def write(self, table: str, batch: pl.DataFrame | pa.Table) -> int:
+    def write(self, table: str, batch: Batch | pl.DataFrame | pa.Table) -> int:
         """Validate ``batch`` and spool it durably; returns the rows acknowledged (rule 1).
 
         How many of them are new is known only at commit: :meth:`flush` returns it.
@@ -378,11 +379,13 @@ def _rows_of(con: duckdb.DuckDBPyConnection, sql: str) -> int:
     return len(con.execute(sql).fetchall())
 
 
-def _conform(table: str, batch: pl.DataFrame | pa.Table) -> pa.Table:
+def _conform(table: str, batch: Batch | pl.DataFrame | pa.Table) -> pa.Table:
     """``batch`` as exactly ``table``'s columns and types; refuses NULL keys, naming them."""
     spec = TABLES.get(table)
     if spec is None:
         raise LakeError(f"lake: no table {table!r}")
+    if isinstance(batch, Batch):
+        batch = batch.to_polars()
     arrow = batch.to_arrow() if isinstance(batch, pl.DataFrame) else batch
     missing = [c for c in spec.column_names if c not in arrow.column_names]
     if missing:

@@ -25,11 +25,14 @@ Rules:
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any, overload
 
-import polars as pl
-
+from collector.batch import Batch
 from collector.records import TABLES
+
+if TYPE_CHECKING:
+    import polars as pl
 
 _COUNTER_SUFFIXES = ("_total", "_sum", "_count")
 
@@ -44,18 +47,42 @@ class CounterRates:
     def __len__(self) -> int:
         return len(self._last)
 
-    def apply(self, batch: pl.DataFrame, *, table: str = "engine_samples") -> pl.DataFrame:
+    @overload
+    def apply(self, batch: Batch, *, table: str = ...) -> Batch: ...
+    @overload
+    def apply(self, batch: pl.DataFrame, *, table: str = ...) -> pl.DataFrame: ...
+
+    def apply(self, batch: Batch | pl.DataFrame, *, table: str = "engine_samples") -> Batch | pl.DataFrame:
         """``batch`` with ``rate_per_s`` set for its counter rows (rules 1-5), in ts order."""
+        if isinstance(batch, Batch):
+            return self._apply_batch(batch, table)
+        import polars as pl
+
         if batch.height == 0:
             return batch
-        key_cols = [c for c in TABLES[table].key if c != "ts_ns"]
         batch = batch.sort("ts_ns", maintain_order=True)
-        keys = batch.select(key_cols).rows()
-        rates = [
-            self._rate(table, key, ts, value) if _is_counter(table, key, key_cols) else None
-            for key, ts, value in zip(keys, batch["ts_ns"].to_list(), batch["value"].to_list(), strict=True)
-        ]
+        keys = batch.select([c for c in TABLES[table].key if c != "ts_ns"]).rows()
+        rates = self._rates(table, keys, batch["ts_ns"].to_list(), batch["value"].to_list())
         return batch.with_columns(pl.Series("rate_per_s", rates, dtype=pl.Float64))
+
+    def _apply_batch(self, batch: Batch, table: str) -> Batch:
+        if batch.height == 0:
+            return batch
+        stamps = batch["ts_ns"]
+        if any(a > b for a, b in pairwise(stamps)):  # one scrape has one ts: already sorted
+            batch = batch.take(sorted(range(batch.height), key=stamps.__getitem__))
+        key_cols = [batch[c] for c in TABLES[table].key if c != "ts_ns"]
+        rates = self._rates(table, list(zip(*key_cols, strict=True)), batch["ts_ns"], batch["value"])
+        return batch.with_column("rate_per_s", rates)
+
+    def _rates(
+        self, table: str, keys: list[tuple[Any, ...]], stamps: list[int], values: list[Any]
+    ) -> list[Any]:
+        key_cols = [c for c in TABLES[table].key if c != "ts_ns"]
+        return [
+            self._rate(table, key, ts, value) if _is_counter(table, key, key_cols) else None
+            for key, ts, value in zip(keys, stamps, values, strict=True)
+        ]
 
     def _rate(self, table: str, key: tuple[Any, ...], ts_ns: int, value: float | None) -> float | None:
         if value is None:

@@ -18,18 +18,24 @@ Canonical engine concepts (``engine_samples.concept``) are listed in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
+from collector.batch import Batch
 
-# DuckDB type -> polars dtype used when a parser builds a frame.
-_POLARS: dict[str, Any] = {
-    "BIGINT": pl.Int64,
-    "INTEGER": pl.Int32,
-    "DOUBLE": pl.Float64,
-    "VARCHAR": pl.Utf8,
-    "BOOLEAN": pl.Boolean,
+if TYPE_CHECKING:
+    import polars as pl
+
+# DuckDB type -> the polars dtype's name (polars is imported only where a frame is built: the
+# collector's hot path moves Batch objects and never loads it).
+_POLARS = {
+    "BIGINT": "Int64",
+    "INTEGER": "Int32",
+    "DOUBLE": "Float64",
+    "VARCHAR": "Utf8",
+    "BOOLEAN": "Boolean",
 }
+# A natural-key column left out by a parser: unknown text is '', an unknown rank or index -1.
+_KEY_DEFAULT: dict[str, Any] = {"VARCHAR": "", "BOOLEAN": False}
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,9 @@ class Table:
         return [c for c, _ in self.columns]
 
     def polars_schema(self) -> dict[str, Any]:
-        return {c: _POLARS[t] for c, t in self.columns}
+        import polars as pl
+
+        return {c: getattr(pl, _POLARS[t]) for c, t in self.columns}
 
     def ddl(self) -> str:
         cols = ",\n  ".join(f"{c} {t}{' NOT NULL' if c in self.key else ''}" for c, t in self.columns)
@@ -337,41 +345,43 @@ TABLES: dict[str, Table] = {
 REPLACE_TABLES = frozenset({"targets", "deployments"})
 
 
-def frame(table: str, rows: dict[str, list[Any]] | list[dict[str, Any]]) -> pl.DataFrame:
-    """Build a frame with exactly ``table``'s columns and dtypes.
+def batch(table: str, rows: dict[str, list[Any]] | list[dict[str, Any]]) -> Batch:
+    """A :class:`~collector.batch.Batch` with exactly ``table``'s columns, in its order.
 
     ``rows`` is either column lists or a list of row dicts. Missing columns are filled with
     the key-safe default (``''``/``-1``) when they are part of the natural key, else NULL.
     Unknown columns raise ``KeyError`` naming them (a programming error, not bad input).
     """
     spec = TABLES[table]
-    schema = spec.polars_schema()
     if isinstance(rows, list):
-        df = pl.DataFrame(rows, schema_overrides=None, infer_schema_length=None) if rows else None
-        cols = {c: df[c].to_list() for c in df.columns} if df is not None else {}
+        names = list(dict.fromkeys(k for row in rows for k in row))
+        cols = {c: [row.get(c) for row in rows] for c in names}
     else:
         cols = dict(rows)
-    unknown = set(cols) - set(schema)
+    unknown = set(cols) - set(spec.column_names)
     if unknown:
         raise KeyError(f"{table}: unknown columns {sorted(unknown)}")
     n = max((len(v) for v in cols.values()), default=0)
-    data: dict[str, Any] = {}
-    for name, dtype in schema.items():
-        if name in cols:
-            data[name] = pl.Series(name, cols[name], dtype=dtype, strict=False)
+    short = [c for c, v in cols.items() if len(v) != n]
+    if short:
+        raise ValueError(f"{table}: columns {short} are shorter than {n} rows")
+    data: dict[str, list[Any]] = {}
+    for name, duck_type in spec.columns:
+        given = cols.get(name)
+        if given is not None:
+            data[name] = given if isinstance(given, list) else list(given)
         else:
-            data[name] = pl.Series(name, [_key_default(dtype) if name in spec.key else None] * n, dtype=dtype)
-    return pl.DataFrame(data)
+            data[name] = [_KEY_DEFAULT.get(duck_type, -1) if name in spec.key else None] * n
+    return Batch(table, data, n)
+
+
+def frame(table: str, rows: dict[str, list[Any]] | list[dict[str, Any]]) -> pl.DataFrame:
+    """:func:`batch` as a polars frame with the table's dtypes (for readers, ingest and tests)."""
+    return batch(table, rows).to_polars()
 
 
 def empty(table: str) -> pl.DataFrame:
     """A zero-row frame with ``table``'s schema."""
+    import polars as pl
+
     return pl.DataFrame(schema=TABLES[table].polars_schema())
-
-
-def _key_default(dtype: Any) -> Any:
-    if dtype == pl.Utf8:
-        return ""
-    if dtype == pl.Boolean:
-        return False
-    return -1

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
-import polars as pl
 
+from collector.batch import Batch
 from collector.errors import Problem
 from collector.formats import Parsed
 from collector.formats.scrape import ScrapeCache, parse_scrape, replay_scrape
 from collector.rates import CounterRates
-from collector.records import frame
+from collector.records import batch
 from collector.selfmetrics import SelfMetrics
 from collector.sources.http_scraper import Health, ScrapeError, fetch, next_delay
 from collector.writer import QueueSink
@@ -150,10 +150,10 @@ class Sidecar:
         self._record(state, ts_ns, time.monotonic() - t0, samples=stored, problems=parsed.problems)
 
     def _with_rates(self, source: str, parsed: Parsed) -> Parsed:
-        engine = parsed.tables.get("engine_samples")
-        if engine is not None and engine.height:
+        engine = parsed.batches.get("engine_samples")
+        if engine is not None and len(engine):
             rates = self._rates.setdefault(source, CounterRates())
-            parsed.tables["engine_samples"] = rates.apply(engine)
+            parsed.batches["engine_samples"] = rates.apply(engine)
         return parsed
 
     # -- device readers ---------------------------------------------------------------------
@@ -182,9 +182,9 @@ class Sidecar:
     # -- shared -----------------------------------------------------------------------------
     def _enqueue(self, parsed: Parsed, source: str) -> int:
         rows = 0
-        for table, batch in parsed.tables.items():
-            if self.sink.offer(table, batch):
-                rows += batch.height
+        for table, rows_of_table in parsed.batches.items():
+            if self.sink.offer(table, rows_of_table):
+                rows += len(rows_of_table)
         if parsed.problems:
             self.metrics.dropped("parse", len(parsed.problems))
             first = parsed.problems[0]
@@ -238,9 +238,9 @@ def _parse_full(spec: TargetSpec, body: bytes, ts_ns: int, host: str, cache: Scr
     return parse_scrape(body, kind=spec.kind, ts_ns=ts_ns, host=host, source=spec.name, cache=cache)
 
 
-def _health_frame(state: SourceState, now: int) -> pl.DataFrame:
+def _health_frame(state: SourceState, now: int) -> Batch:
     h = state.health
-    return frame(
+    return batch(
         "targets",
         {
             "target": [state.name],
@@ -259,8 +259,8 @@ def _health_frame(state: SourceState, now: int) -> pl.DataFrame:
     )
 
 
-def _problems_frame(problems: list[Problem], source: str, now: int) -> pl.DataFrame:
-    return frame(
+def _problems_frame(problems: list[Problem], source: str, now: int) -> Batch:
+    return batch(
         "ingest_errors",
         {
             "ts_ns": [now + i for i in range(len(problems))],
@@ -271,9 +271,9 @@ def _problems_frame(problems: list[Problem], source: str, now: int) -> pl.DataFr
     )
 
 
-def deployments_frame(specs: list[DeploymentSpec], now: int) -> pl.DataFrame:
+def deployments_frame(specs: list[DeploymentSpec], now: int) -> Batch:
     """The ``deployments`` rows for declared deployments (origin ``config``)."""
-    return frame(
+    return batch(
         "deployments",
         {
             "name": [d.name for d in specs],

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-import polars as pl
-
-if TYPE_CHECKING:  # pyarrow is never imported by the write path (see collector.store)
+if TYPE_CHECKING:  # neither is imported by the sidecar's write path (see collector.batch, collector.store)
+    import polars as pl
     import pyarrow as pa
+
+    from collector.batch import Batch
 
 
 class Overloaded(RuntimeError):
@@ -19,6 +20,6 @@ class Overloaded(RuntimeError):
 
 
 class Sink(Protocol):
-    def write(self, table: str, batch: pl.DataFrame | pa.Table) -> int:
+    def write(self, table: str, batch: Batch | pl.DataFrame | pa.Table) -> int:
         """Accept ``batch`` for ``table``; returns rows accepted (new rows for the store)."""
         ...

@@ -25,17 +25,29 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
-import polars as pl
 
+from collector.batch import Batch
 from collector.records import REPLACE_TABLES, TABLES
 
 if TYPE_CHECKING:
+    import polars as pl
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 NS_PER_MIN = 60_000_000_000
+# Block size of a new store file. DuckDB keeps rows appended since the last checkpoint in
+# memory, one block per column segment: 37 columns of the raw tables at DuckDB's default 256 KiB
+# pin ~20 MB even for a few rows. 64 KiB blocks cut a collector's peak RSS by ~18 MB at the same
+# insert cost (16 KiB cost ~10 % more CPU per insert; measured in bench/results/sidecar.md). An
+# existing file keeps the block size it was created with.
+BLOCK_SIZE = 64 * 1024
+# WAL size that triggers a checkpoint (DuckDB's default: 16 MiB). Until a checkpoint the appended
+# rows and their key index stay in memory; a collector writing ~900 rows/s reached 16 MiB after
+# ~2 min and +45 MB resident. At 4 MiB its DuckDB memory stays at 15-24 MB (1 MiB checkpoints so
+# often that inserts cost ~50 % more CPU). Measured in bench/results/sidecar.md.
+WAL_AUTOCHECKPOINT = "4MB"
 
 # (from_version, statements bringing a store from from_version to from_version + 1).
 MIGRATIONS: list[tuple[int, list[str]]] = []
@@ -82,8 +94,12 @@ class Store(RowCounts):
         self.path = str(path)
         self.read_only = read_only
         self._lock = threading.RLock()
+        config: dict[str, Any] = {"threads": threads or _cpus()}
+        if not read_only:
+            config["default_block_size"] = BLOCK_SIZE  # used only when the file is created
+            config["wal_autocheckpoint"] = WAL_AUTOCHECKPOINT
         try:
-            self.con = duckdb.connect(self.path, read_only=read_only, config={"threads": threads or _cpus()})
+            self.con = duckdb.connect(self.path, read_only=read_only, config=config)
         except duckdb.Error as exc:
             raise StoreError(f"store {self.path}: cannot open ({exc})") from exc
         if not read_only:
@@ -125,14 +141,16 @@ class Store(RowCounts):
         self.con.execute(f"INSERT INTO ioe_schema VALUES ({int(version)}, {time.time_ns()})")
 
     # -- writes ---------------------------------------------------------------------------
-    def write(self, table: str, batch: pl.DataFrame | pa.Table) -> int:
+    def write(self, table: str, batch: Batch | pl.DataFrame | pa.Table) -> int:
         """Insert ``batch`` into ``table``; returns the number of rows that were new."""
         spec = TABLES.get(table)
         if spec is None:
             raise StoreError(f"store {self.path}: no table {table!r}")
         if self.read_only:
             raise StoreError(f"store {self.path}: opened read-only")
-        names = batch.columns if isinstance(batch, pl.DataFrame) else batch.column_names
+        if isinstance(batch, Batch) and batch.table != table:
+            raise StoreError(f"store {self.path}: a batch of {batch.table!r} cannot go into {table!r}")
+        names = batch.column_names if hasattr(batch, "column_names") else batch.columns
         if len(batch) == 0:
             return 0
         missing = [c for c in spec.column_names if c not in names]
@@ -213,7 +231,9 @@ def _text(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def _insert(cur: duckdb.DuckDBPyConnection, table: str, cols: str, batch: pl.DataFrame | pa.Table) -> int:
+def _insert(
+    cur: duckdb.DuckDBPyConnection, table: str, cols: str, batch: Batch | pl.DataFrame | pa.Table
+) -> int:
     """Insert ``batch``; rows whose natural key exists are ignored (or replace).
 
     DuckDB reads the batch through the Arrow C stream interface (a PyCapsule from
@@ -272,15 +292,20 @@ class MemorySink:
     def __init__(self) -> None:
         self.batches: list[tuple[str, pl.DataFrame]] = []
 
-    def write(self, table: str, batch: pl.DataFrame | pa.Table) -> int:
-        frame = batch if isinstance(batch, pl.DataFrame) else pl.from_arrow(batch)
+    def write(self, table: str, batch: Batch | pl.DataFrame | pa.Table) -> int:
+        import polars as pl
+
+        frame = batch.to_polars() if isinstance(batch, Batch) else batch
+        frame = frame if isinstance(frame, pl.DataFrame) else pl.from_arrow(frame)
         assert isinstance(frame, pl.DataFrame)
         self.batches.append((table, frame))
         return frame.height
 
     def frame(self, table: str) -> pl.DataFrame:
+        import polars as pl
+
         parts = [f for t, f in self.batches if t == table]
         return pl.concat(parts) if parts else pl.DataFrame()
 
 
-Writer = Callable[[str, pl.DataFrame], int]
+Writer = Callable[[str, "pl.DataFrame"], int]

@@ -15,13 +15,13 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
-
+from collector.batch import Batch
 from collector.sink import Overloaded, Sink
 
 if TYPE_CHECKING:
+    import polars as pl
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
@@ -34,23 +34,23 @@ class QueueSink:
     """Bounded batch queue; ``write`` raises ``Overloaded`` when full, ``offer`` drops and counts."""
 
     def __init__(self, max_batches: int, on_drop: Callable[[str, int], None] | None = None):
-        self.queue: queue.Queue[tuple[str, pl.DataFrame | None]] = queue.Queue(maxsize=max_batches)
+        self.queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max_batches)
         self._on_drop = on_drop or (lambda table, rows: None)
 
-    def write(self, table: str, batch: pl.DataFrame | pa.Table) -> int:
-        frame = batch if isinstance(batch, pl.DataFrame) else pl.DataFrame(pl.from_arrow(batch))
+    def write(self, table: str, batch: Batch | pl.DataFrame | pa.Table) -> int:
+        rows = _framed(batch)
         try:
-            self.queue.put_nowait((table, frame))
+            self.queue.put_nowait((table, rows))
         except queue.Full as exc:
             raise Overloaded(f"write queue full ({self.queue.maxsize} batches)") from exc
-        return frame.height
+        return len(rows)
 
-    def offer(self, table: str, batch: pl.DataFrame) -> bool:
+    def offer(self, table: str, batch: Batch | pl.DataFrame) -> bool:
         """Enqueue or drop (counted); never raises for a full queue."""
         try:
             self.write(table, batch)
         except Overloaded:
-            self._on_drop(table, batch.height)
+            self._on_drop(table, len(batch))
             return False
         return True
 
@@ -101,9 +101,9 @@ class WriterThread(threading.Thread):
             self.source.queue.put_nowait(_STOP)
         self.join(timeout)
 
-    def _collect(self, deadline: float) -> tuple[dict[str, list[pl.DataFrame]], bool]:
+    def _collect(self, deadline: float) -> tuple[dict[str, list[Any]], bool]:
         """Batches queued until ``deadline`` (or a flush request), by table."""
-        pending: dict[str, list[pl.DataFrame]] = defaultdict(list)
+        pending: dict[str, list[Any]] = defaultdict(list)
         while True:
             remaining = deadline - time.monotonic()
             try:
@@ -119,14 +119,14 @@ class WriterThread(threading.Thread):
             if frame is not None:  # None is the stop sentinel: it only wakes the thread
                 pending[table].append(frame)
 
-    def _flush(self, pending: dict[str, list[pl.DataFrame]]) -> None:
+    def _flush(self, pending: dict[str, list[Any]]) -> None:
         for table, frames in pending.items():
-            batch = pl.concat(frames, how="vertical_relaxed") if len(frames) > 1 else frames[0]
+            batch = _concat(frames)
             try:
                 self._on_stored(table, self.store.write(table, batch))
             except Exception as exc:  # one bad batch must not stop the writer
-                log.exception("store write to %s failed (%d rows dropped)", table, batch.height)
-                self._on_error(table, batch.height, exc)
+                log.exception("store write to %s failed (%d rows dropped)", table, len(batch))
+                self._on_error(table, len(batch), exc)
 
 
 class DirectSink:
@@ -151,7 +151,7 @@ class DirectSink:
         self.wait_s = wait_s
         self._on_stored = on_stored or (lambda t, n: None)
 
-    def write(self, table: str, batch: pl.DataFrame | pa.Table) -> int:
+    def write(self, table: str, batch: Batch | pl.DataFrame | pa.Table) -> int:
         if not self._slots.acquire(timeout=self.wait_s):
             raise Overloaded(f"store busy: no write slot within {self.wait_s:g} s")
         try:
@@ -160,3 +160,25 @@ class DirectSink:
             self._slots.release()
         self._on_stored(table, rows)
         return rows
+
+
+def _framed(batch: Batch | pl.DataFrame | pa.Table) -> Batch | pl.DataFrame:
+    """What the queue holds: a Batch as it is, anything else as a polars frame."""
+    if isinstance(batch, Batch):
+        return batch
+    import polars as pl
+
+    return batch if isinstance(batch, pl.DataFrame) else pl.DataFrame(pl.from_arrow(batch))
+
+
+def _concat(parts: list[Any]) -> Any:
+    """One flush's batches of a table as one: Batches stay a Batch (no polars on the sidecar's
+    path); a mix (a receiver's frames beside a scraper's batches) becomes one polars frame."""
+    if len(parts) == 1:
+        return parts[0]
+    if all(isinstance(p, Batch) for p in parts):
+        return Batch.concat(parts)
+    import polars as pl
+
+    frames = [p.to_polars() if isinstance(p, Batch) else p for p in parts]
+    return pl.concat(frames, how="vertical_relaxed")

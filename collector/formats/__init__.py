@@ -13,10 +13,13 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
-
+from collector.batch import Batch
 from collector.errors import Problem
+
+if TYPE_CHECKING:
+    import polars as pl
 
 SNIFF_BYTES = 64 * 1024
 
@@ -32,19 +35,37 @@ class IngestContext:
 
 @dataclass
 class Parsed:
-    """A parser's answer: frames per table, plus the pieces of input it refused."""
+    """A parser's answer: rows per table, plus the pieces of input it refused.
 
-    tables: dict[str, pl.DataFrame] = field(default_factory=dict)
+    ``batches`` holds what the parser built: a :class:`~collector.batch.Batch` (the scrape
+    parsers and readers on the sidecar's path, which never load polars) or a polars frame
+    (file formats). ``tables`` is the same rows as polars frames, for ingest and tests.
+    """
+
+    batches: dict[str, Any] = field(default_factory=dict)  # table -> Batch | pl.DataFrame
     problems: list[Problem] = field(default_factory=list)
 
-    def add(self, table: str, frame: pl.DataFrame) -> None:
-        if frame.height == 0:
+    @property
+    def tables(self) -> dict[str, pl.DataFrame]:
+        return {t: b.to_polars() if isinstance(b, Batch) else b for t, b in self.batches.items()}
+
+    def add(self, table: str, frame: Any) -> None:
+        """Append ``frame`` (a Batch or a polars frame) to ``table``'s rows."""
+        if len(frame) == 0:
             return
-        prev = self.tables.get(table)
-        self.tables[table] = frame if prev is None else pl.concat([prev, frame], how="vertical")
+        prev = self.batches.get(table)
+        if prev is None:
+            self.batches[table] = frame
+        elif isinstance(prev, Batch) and isinstance(frame, Batch):
+            self.batches[table] = Batch.concat([prev, frame])
+        else:
+            import polars as pl
+
+            parts = [b.to_polars() if isinstance(b, Batch) else b for b in (prev, frame)]
+            self.batches[table] = pl.concat(parts, how="vertical")
 
     def extend(self, other: Parsed) -> None:
-        for table, frame in other.tables.items():
+        for table, frame in other.batches.items():
             self.add(table, frame)
         self.problems.extend(other.problems)
 

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 from collector.errors import Problem
 from collector.formats import Parsed
 from collector.formats.exposition import Exposition, Sample
-from collector.records import frame
+from collector.records import batch
 
 BLANK_MIN = 1e14
 MIB = 1024 * 1024
@@ -172,7 +172,7 @@ def to_gpu_samples(
         values.append(sample.value * ident[1])
         stamps.append(ts_ns if sample.timestamp_ms is None else int(sample.timestamp_ms * 1_000_000))
     parsed = Parsed()
-    parsed.add("gpu_samples", frame("gpu_samples", _columns(idents, values, stamps)))
+    parsed.add("gpu_samples", batch("gpu_samples", _columns(idents, values, stamps)))
     if dropped:
         parsed.problems.append(_dropped_problem(dropped))
     return parsed

@@ -55,7 +55,7 @@ from typing import Any, NamedTuple
 from collector.errors import Problem, quote
 from collector.formats import Parsed
 from collector.formats.exposition import Exposition, Sample
-from collector.records import frame
+from collector.records import batch
 
 
 class Concept(NamedTuple):
@@ -291,8 +291,8 @@ class _Rows:
 
     def parsed(self) -> Parsed:
         result = Parsed(problems=self.problems)
-        result.add("engine_samples", frame("engine_samples", _columns(_SAMPLE_COLUMNS, self.samples)))
-        result.add("histogram_buckets", frame("histogram_buckets", _columns(_BUCKET_COLUMNS, self.buckets)))
+        result.add("engine_samples", batch("engine_samples", _columns(_SAMPLE_COLUMNS, self.samples)))
+        result.add("histogram_buckets", batch("histogram_buckets", _columns(_BUCKET_COLUMNS, self.buckets)))
         if self.non_finite:
             result.problems.append(
                 Problem("engine", f"{self.non_finite} non-finite value(s) dropped (rule 6)")

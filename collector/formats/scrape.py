@@ -40,10 +40,9 @@ import gzip
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-import polars as pl
-
+from collector.batch import Batch
 from collector.errors import ParseError, Problem
 from collector.formats import SNIFF_BYTES, FileFormat, IngestContext, Parsed
 from collector.formats.dcgm import BLANK_MIN, GpuMemo, is_gpu_metric, to_gpu_samples
@@ -62,7 +61,8 @@ VALUE_COLUMN = {"gpu_samples": "value", "engine_samples": "value", "histogram_bu
 class _Plan:
     """How to rebuild one table's rows from a body's values (rule 6)."""
 
-    ids: pl.DataFrame  # every column but the value and ts_ns, rows in output order
+    table: str
+    ids: dict[str, list[Any]]  # every column but the value and ts_ns, rows in output order
     columns: list[str]
     index: list[int]
     scale: list[float]
@@ -193,13 +193,10 @@ def _replayed(replay: _Replay, texts: list[str], ts_ns: int) -> Parsed | None:
         scaled = [v * s for v, s in zip(raw, plan.scale, strict=True)]
         if any(not 0.0 <= scaled[r] <= 1.0 for r in plan.unit_rows):
             return None
-        new = {"ts_ns": pl.Series("ts_ns", [ts_ns] * len(scaled), pl.Int64)}
-        new[VALUE_COLUMN[table]] = pl.Series(VALUE_COLUMN[table], scaled, pl.Float64)
-        frame = plan.ids.clone()  # shares the identity columns' memory; no copy
-        for position, name in enumerate(plan.columns):  # in order, so every position exists
-            if name in new:
-                frame.insert_column(position, new[name])
-        result.add(table, frame)
+        new: dict[str, list[Any]] = {"ts_ns": [ts_ns] * len(scaled), VALUE_COLUMN[table]: scaled}
+        # the identity lists are shared with the plan, never copied (Batch rule 3)
+        data = {name: new[name] if name in new else plan.ids[name] for name in plan.columns}
+        result.add(table, Batch(plan.table, data, len(scaled)))
     return result
 
 
@@ -216,18 +213,20 @@ def _learned(
         return None
     plans = {}
     for table, trace in traces.items():
-        frame = result.tables.get(table)
-        if frame is None or frame.height != len(trace):
+        frame = result.batches.get(table)
+        if frame is None or not isinstance(frame, Batch) or frame.height != len(trace):
             if trace or frame is not None:
                 return None
             continue
         index, scale, unit = zip(*trace, strict=True) if trace else ((), (), ())
-        ids = frame.drop(VALUE_COLUMN[table], "ts_ns")
+        ids = {c: v for c, v in frame.data.items() if c not in (VALUE_COLUMN[table], "ts_ns")}
         unit_rows = [r for r, flag in enumerate(unit) if flag]
-        plans[table] = _Plan(ids, frame.columns, list(index), list(scale), unit_rows, table == "gpu_samples")
+        plans[table] = _Plan(
+            table, ids, frame.columns, list(index), list(scale), unit_rows, table == "gpu_samples"
+        )
     replay = _Replay(key, plans)
     again = _replayed(replay, texts, ts_ns)
-    if again is None or any(not again.tables[t].equals(f) for t, f in result.tables.items() if t in plans):
+    if again is None or any(not again.batches[t].equals(f) for t, f in result.batches.items() if t in plans):
         return None
     return replay
 

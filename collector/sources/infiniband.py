@@ -31,7 +31,7 @@ from typing import Any
 
 from collector.errors import Problem
 from collector.formats import Parsed
-from collector.records import frame
+from collector.records import batch
 
 DEFAULT_ROOT = Path("/sys/class/infiniband")
 TABLE = "fabric_samples"
@@ -90,7 +90,7 @@ class InfinibandReader:
                 rows.append(self._row(ts_ns, device, port, metric, value))
         parsed = Parsed(problems=problems)
         if rows:
-            parsed.add(TABLE, frame(TABLE, rows))
+            parsed.add(TABLE, batch(TABLE, rows))
         return parsed
 
     def _row(self, ts_ns: int, device: str, port: int, metric: str, value: float) -> dict[str, Any]:

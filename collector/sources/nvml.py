@@ -55,7 +55,7 @@ from typing import Any
 
 from collector.errors import Problem
 from collector.formats import Parsed
-from collector.records import frame
+from collector.records import batch
 
 TABLE = "gpu_samples"
 FI_NVLINK_TX_KIB = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
@@ -130,7 +130,7 @@ class NvmlReader:
                 problems.append(Problem(f"nvml gpu {index}", f"read failed ({exc})"))
         parsed = Parsed(problems=problems)
         if rows:
-            parsed.add(TABLE, frame(TABLE, rows))
+            parsed.add(TABLE, batch(TABLE, rows))
         return parsed
 
     def _start(self) -> Any:

@@ -28,7 +28,7 @@ from typing import Any
 
 from collector.errors import Problem
 from collector.formats import Parsed
-from collector.records import frame
+from collector.records import batch
 
 TABLE = "gpu_samples"
 BINDING_PATHS = (
@@ -128,7 +128,7 @@ class DcgmReader:
         rows = list(self._rows(handle, got.values))
         parsed = Parsed()
         if rows:
-            parsed.add(TABLE, frame(TABLE, rows))
+            parsed.add(TABLE, batch(TABLE, rows))
         return parsed
 
     def _start(self) -> tuple[Any, Any, Any]:

@@ -123,7 +123,7 @@ class InspectorTailer:
             return
         parsed = parse_jsonl(complete.decode("utf-8", "replace"), key, first_line=state.line + 1)
         try:
-            for table, batch in parsed.tables.items():
+            for table, batch in parsed.batches.items():
                 report.rows[table] += self.sink.write(table, batch)
         except Overloaded:
             report.deferred.append(key)  # rule 4: offered again next poll
