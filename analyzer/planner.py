@@ -7,7 +7,9 @@ The search, for a GPU budget, a topology and a workload (ISL, OSL, SLOs):
   2. For each, find the largest per-replica concurrency whose steady-state TTFT and TPOT meet both
      SLOs (:func:`analyzer.perf.expected_latency`); goodput = output tokens/s per GPU there.
   3. Rank by goodput. Gray zone: among candidates within 12.5 % of the best, the simplest wins
-     (fewer parallel dimensions, no cross-node TP, no disaggregation) — the seeds' 10–15 % rule.
+     (first no placement against the framework — TP across nodes, PP inside a node — then fewer
+     parallel dimensions, disaggregation counting 2) — the seeds' 10–15 % rule
+     (:meth:`Candidate.simplicity_key`).
   4. Every candidate carries the framework's reasons: Step 0 (KV footprint), Step 1 (fits one GPU
      with KV headroom → DP), Step 2 (fits one node → TP inside NVLink), Step 3 (multi-node → PP
      across nodes), Step 4 (MoE → EP for experts), and the interconnect check (TP or EP over a
@@ -78,11 +80,22 @@ class Candidate:
             return f"P/D {self.disagg[0]}×{self.layout.label()} + {self.disagg[1]}×{self.layout.label()}"
         return self.layout.label()
 
-    def complexity(self, per_node: int) -> int:
-        """Parallel dimensions used; cross-node TP and disaggregation count extra (gray-zone rule)."""
+    def complexity(self) -> int:
+        """Parallel dimensions in use (TP, PP, EP, attention-DP); disaggregation counts 2."""
         lay = self.layout
-        n = (lay.tp > 1) + (lay.pp > 1) + (lay.ep > 1) + lay.attention_dp + 2 * bool(self.disagg[0])
-        return n + 2 * (lay.tp > per_node)
+        return (lay.tp > 1) + (lay.pp > 1) + (lay.ep > 1) + lay.attention_dp + 2 * bool(self.disagg[0])
+
+    def misplaced(self, per_node: int) -> int:
+        """Placements against the framework (TP inside NVLink, PP across nodes): TP wider than a
+        node (its all-reduces leave NVLink) and PP inside a node (:func:`pp_inside_node`: a stage
+        boundary inside one NVLink domain adds pipeline bubbles and a micro-batch schedule that a
+        TP/EP split of the same GPUs does without). The gray zone compares these first, so such a
+        layout is never "simpler" than a TP/EP layout of comparable goodput."""
+        return (self.layout.tp > per_node) + pp_inside_node(self.layout, per_node)
+
+    def simplicity_key(self, per_node: int) -> tuple[int, int]:
+        """Gray-zone order, simplest first: (:meth:`misplaced`, :meth:`complexity`)."""
+        return self.misplaced(per_node), self.complexity()
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -93,6 +106,13 @@ class Candidate:
             "goodput_tok_s_per_gpu": round(self.goodput_per_gpu, 1),
             "kv_headroom_sequences": self.kv_headroom_sequences, "wall": self.wall, "reasons": self.reasons,
         }  # fmt: skip
+
+
+def pp_inside_node(lay: Layout, per_node: int) -> bool:
+    """Whether ``lay`` pipelines inside a node: more PP stages than the nodes a replica spans
+    (TP1·PP8 on one 8-GPU node; TP4·PP4 over two nodes, where PP2 would already span them)."""
+    nodes = -(-lay.gpus_per_replica // max(per_node, 1))
+    return lay.pp > nodes
 
 
 def _ms(s: float) -> float | None:
@@ -207,6 +227,9 @@ def reasons(p: Problem, c: Candidate, w: Workload) -> list[str]:
         out.append(
             f"Step 3: replica of {lay.gpus_per_replica} GPUs spans nodes → TP in node, PP across nodes"
         )
+    if pp_inside_node(lay, per_node):
+        out.append(f"PP{lay.pp} pipelines inside an NVLink node: the framework keeps PP for crossing "
+                   f"nodes, so it ranks below TP/EP layouts in the gray zone")  # fmt: skip
     if m.is_moe:
         out.append(f"Step 4: MoE ({m.experts} experts, top-{m.top_k}) → EP for experts"
                    + (f"; EP{lay.ep} used" if lay.ep > 1 else "; experts TP-sharded here"))  # fmt: skip
@@ -245,12 +268,12 @@ def search(p: Problem, w: Workload, *, include_disagg: bool = True) -> list[Cand
 
 def rank(cands: list[Candidate], per_node: int) -> list[Candidate]:
     """Goodput order; the simplest candidate within the gray zone of the best moves to the top."""
-    cands.sort(key=lambda c: (-c.goodput_per_gpu, c.complexity(per_node)))
+    cands.sort(key=lambda c: (-c.goodput_per_gpu, c.simplicity_key(per_node)))
     if not cands or cands[0].goodput_per_gpu <= 0:
         return cands
     top = cands[0].goodput_per_gpu
     zone = [c for c in cands if c.goodput_per_gpu >= top * (1 - GRAY_ZONE)]
-    pick = min(zone, key=lambda c: (c.complexity(per_node), -c.goodput_per_gpu))
+    pick = min(zone, key=lambda c: (c.simplicity_key(per_node), -c.goodput_per_gpu))
     if pick is not cands[0]:
         pick.reasons.append(
             f"gray zone: within {100 * (1 - pick.goodput_per_gpu / top):.0f} % of {cands[0].name} "

@@ -21,7 +21,7 @@ Absolute % error = |predicted − measured| / measured × 100. The fit minimizes
 + ½ × median TTFT error of the rows by coordinate descent over :data:`GRID` (each factor on a
 grid of physically plausible values, up to three passes): a handful of named factors per platform,
 nothing per row or per model. The descent starts from each of :data:`STARTS` (the harness
-factors burst_share and prefix_hit) and keeps the best.
+factors burst_share, prefix_hit and slot_wait) and keeps the best.
 """
 
 from __future__ import annotations
@@ -60,11 +60,13 @@ GRID: dict[str, tuple[float, ...]] = {
     "hbm_eff": (0.6, 0.7, 0.8, 0.9),
     "step_overhead_s": (1e-3, 2e-3, 3e-3, 5e-3, 8e-3),
     "seq_overhead_s": (0.0, 10e-6, 20e-6, 40e-6),
-    "burst_share": (0.0, 0.15, 0.5, 1.0),
+    "burst_share": (0.0, 0.05, 0.1, 0.15, 0.3, 0.5, 1.0),
     "prefix_hit": (0.0, 0.25, 0.5, 0.75),
+    "slot_wait": (0.0, 0.25, 0.5, 0.75, 1.0),
 }
 
-STARTS = ((0.0, 0.0), (0.15, 0.0), (1.0, 0.0), (0.0, 0.5), (0.15, 0.5), (1.0, 0.5))  # (burst, hit)
+# (burst_share, prefix_hit, slot_wait): every pairing of the harness factors' valleys
+STARTS = tuple((b, h, w) for w in (0.0, 0.75) for h in (0.0, 0.5) for b in (0.0, 0.15, 1.0))
 
 MIN_GAIN = 0.1  # a descent step must lower the loss by this much (percentage points)
 PARSIMONY = 1.0  # loss points a prefix-cache hit must win by (see fit)
@@ -78,7 +80,7 @@ def start(backend: str) -> perf.Efficiency:
     base = perf.EFFICIENCY[backend]
     return dataclasses.replace(
         base, mfu=0.5, low_precision_scale=0.7, hbm_eff=0.8, step_overhead_s=3e-3, seq_overhead_s=0.0,
-        burst_share=0.15, prefix_hit=0.0,
+        burst_share=0.15, prefix_hit=0.0, slot_wait=0.0,
     )  # fmt: skip
 
 
@@ -126,8 +128,12 @@ def loss(errs: Errors) -> float:
 
 def fit(rows: list[Row], eff: perf.Efficiency) -> perf.Efficiency:
     """The best of :func:`descend` from ``eff`` with each of the harness factors' :data:`STARTS`
-    (the TTFT landscape has a valley per arrival pattern, which one descent does not cross)."""
-    found = [descend(rows, dataclasses.replace(eff, burst_share=b, prefix_hit=h)) for b, h in STARTS]
+    (the TTFT landscape has a valley per arrival pattern — opening burst, slot handoff — which
+    one descent does not cross)."""
+    found = [
+        descend(rows, dataclasses.replace(eff, burst_share=b, prefix_hit=h, slot_wait=w))
+        for b, h, w in STARTS
+    ]
     scored = [(loss(errors(rows, e)), e) for e in found]
     best = min(score for score, _ in scored)
     # Parsimony: among fits within PARSIMONY of the best, the one assuming the least prefix-cache

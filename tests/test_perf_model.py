@@ -160,7 +160,8 @@ def test_efficiency_rows_resolve_platform_first_then_backend() -> None:
     # calibration benchmark's workload (its prefix-cache hits, its opening burst)
     h200 = catalog.gpu("h200_sxm")
     eff = perf.Setup(modelcfg.load("llama-3.1-8b"), h200, Layout()).eff
-    assert (eff.prefix_hit, eff.burst_share) == (0.0, 0.0) and h200_vllm.prefix_hit == 0.5
+    assert (eff.prefix_hit, eff.burst_share, eff.slot_wait) == (0.0, 0.0, 0.0)
+    assert h200_vllm.prefix_hit > 0 and h200_vllm.slot_wait > 0
     assert (eff.mfu, eff.hbm_eff, eff.step_overhead_s) == (
         h200_vllm.mfu,
         h200_vllm.hbm_eff,
@@ -195,3 +196,30 @@ def test_concurrency_comes_from_the_row_or_its_data_source() -> None:
     assert _concurrency({"concurrency": "64"}) == 64
     assert _concurrency({"silicon_data_source": "source_file=x; silicon_concurrency=480; measured=y"}) == 480
     assert _concurrency({"silicon_data_source": "source_file=x"}) == 0
+
+
+def test_slot_handoff_waits_one_completion_gap_in_a_closed_loop() -> None:
+    # note 8: TTFT += slot_wait × OSL × TPOT / C, the same formula on every row; TPOT does not
+    # move (the wait is outside the engine's steps)
+    m = modelcfg.load("llama-3.1-8b")
+    base = replace(perf.EFFICIENCY["trtllm"], burst_share=0.0, slot_wait=0.0)
+    plain = perf.expected_latency(m, H100, Layout(), 8, 1024, 512, "trtllm", eff=base)
+    waits = perf.expected_latency(m, H100, Layout(), 8, 1024, 512, "trtllm", eff=replace(base, slot_wait=1.0))
+    gap = 512 * plain.tpot_s / 8  # one completion gap of the 8 clients
+    assert waits.tpot_s == plain.tpot_s
+    assert waits.ttft_s == pytest.approx(plain.ttft_s + gap)
+    assert waits.terms["slot_wait_s"] == pytest.approx(gap)
+    # the wait grows with OSL and falls with the client count, as in the TRT-LLM Llama rows
+    longer = perf.expected_latency(
+        m, H100, Layout(), 8, 1024, 2048, "trtllm", eff=replace(base, slot_wait=1.0)
+    )
+    assert longer.terms["slot_wait_s"] > 3 * gap
+    more = perf.expected_latency(m, H100, Layout(), 32, 1024, 512, "trtllm", eff=replace(base, slot_wait=1.0))
+    assert more.terms["slot_wait_s"] < gap
+    # a lone client has no other completion to wait for
+    alone = perf.expected_latency(m, H100, Layout(), 1, 1024, 512, "trtllm", eff=replace(base, slot_wait=1.0))
+    assert alone.terms["slot_wait_s"] == 0.0
+    # planning never inherits the benchmark's slot handoff
+    for key in [*perf.EFFICIENCY, *perf.PLATFORM_EFFICIENCY]:
+        backend, gpu = key if isinstance(key, tuple) else (key, "")
+        assert perf.efficiency(backend, gpu).slot_wait == 0.0

@@ -49,11 +49,15 @@ def test_405b_on_two_nodes_prefers_pp_across_nodes_over_cross_node_tp() -> None:
 def test_moe_plan_states_step4_and_offers_ep_layouts() -> None:
     ranked = _search("qwen3-235b-a22b", "h200", 8, precision="fp8")
     assert all(any(r.startswith("Step 4: MoE (128 experts, top-8)") for r in c.reasons) for c in ranked)
-    ep = [c for c in ranked if c.layout.ep == 8 and c.layout.attention_dp]
+    ep = [c for c in ranked if c.layout.ep > 1 and c.layout.attention_dp]
     assert ep and ep[0].goodput_per_gpu >= 0.85 * ranked[0].goodput_per_gpu  # in the gray zone
     # the best goodput is an expert-parallel layout; a simpler one within the gray zone leads
     best = max(ranked, key=lambda c: c.goodput_per_gpu)
     assert best.layout.ep > 1 and "gray zone" in ranked[0].reasons[-1]
+    # ... and that simpler layout experts-parallel, not a pipeline inside the NVLink node
+    assert ranked[0].layout.ep > 1 and not planner.pp_inside_node(ranked[0].layout, 8)
+    pp_in_node = next(c for c in ranked if c.layout == Layout(tp=2, pp=2, dp=2))
+    assert any(r.startswith("PP2 pipelines inside an NVLink node") for r in pp_in_node.reasons)
 
 
 def test_ep_alltoall_sends_a_token_once_per_remote_rank() -> None:
@@ -70,6 +74,25 @@ def test_gray_zone_prefers_simpler_layout() -> None:
     c = planner.Candidate(layout=Layout(tp=1, dp=2), goodput_per_gpu=80.0)
     ranked = planner.rank([a, b, c], per_node=8)
     assert ranked[0] is b and "gray zone: within 10 %" in b.reasons[-1]
+
+
+def test_pp_inside_a_node_is_not_simpler_than_ep() -> None:
+    # framework: TP inside NVLink, PP across nodes, EP for experts — PP inside one node counts
+    # as a placement against it, so it cannot win the gray zone from a TP/EP layout
+    assert planner.pp_inside_node(Layout(tp=1, pp=8), per_node=8)
+    assert planner.pp_inside_node(Layout(tp=4, pp=4), per_node=8)  # PP2 would span both nodes
+    assert not planner.pp_inside_node(Layout(tp=8, pp=2), per_node=8)  # PP across the two nodes
+    assert not planner.pp_inside_node(Layout(tp=8, dp=2), per_node=8)
+    ep = planner.Candidate(layout=Layout(tp=4, dp=2, ep=4, attention_dp=True), goodput_per_gpu=100.0)
+    pp = planner.Candidate(layout=Layout(tp=2, pp=2, dp=2), goodput_per_gpu=95.0)
+    pp8 = planner.Candidate(layout=Layout(tp=1, pp=8), goodput_per_gpu=101.0)
+    assert pp.simplicity_key(8) > ep.simplicity_key(8) and pp8.simplicity_key(8) > ep.simplicity_key(8)
+    ranked = planner.rank([pp, pp8, ep], per_node=8)
+    assert ranked[0] is ep and "gray zone: within 1 % of TP1·PP8" in ep.reasons[-1]
+    # across nodes PP is the framework's choice and keeps its place as one plain dimension
+    cross = planner.Candidate(layout=Layout(tp=8, pp=2), goodput_per_gpu=90.0)
+    wide_tp = planner.Candidate(layout=Layout(tp=16), goodput_per_gpu=100.0)
+    assert planner.rank([wide_tp, cross], per_node=8)[0] is cross
 
 
 def test_search_for_64_gpus_is_fast() -> None:
