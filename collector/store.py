@@ -1,9 +1,15 @@
 """The store: the only writer of IOE's tables.
 
 An embedded DuckDB file by default (``":memory:"`` for tests). Writes are column-wise (one
-``INSERT … SELECT`` per batch from an Arrow/polars frame, never row at a time) and idempotent
-on each table's natural key: a replayed scrape, a re-sent span or a re-read log line inserts
-nothing new. ``targets`` and ``deployments`` keep their latest state instead.
+``INSERT … SELECT`` per batch from a Batch, polars frame or Arrow table, never row at a time) and
+idempotent on each table's natural key: a replayed scrape, a re-sent span or a re-read log line
+inserts nothing new. ``targets`` and ``deployments`` keep their latest state instead.
+
+The small tables enforce their key with a PRIMARY KEY. The four raw sample tables do not
+(``Table.indexed``): there the index was ~77 % of the file and half the insert CPU (2 days of
+one node's samples: ~12 GB with it, ~3 GB without; ``bench/results/sidecar.md``), so
+:meth:`Store._insert_unindexed` keeps the key unique instead. A file created before keeps its
+indexes and is written through them.
 
 The schema is versioned in ``ioe_schema``: a new file is created at the current version, an
 older file is brought forward by the steps in :data:`MIGRATIONS`.
@@ -104,6 +110,8 @@ class Store(RowCounts):
             raise StoreError(f"store {self.path}: cannot open ({exc})") from exc
         if not read_only:
             self._migrate()
+        self._indexed = self._primary_keyed()
+        self._newest: dict[str, int | None] = {}  # unindexed table -> its largest ts_ns stored
 
     # -- schema ---------------------------------------------------------------------------
     def schema_version(self) -> int:
@@ -140,6 +148,14 @@ class Store(RowCounts):
     def _stamp(self, version: int) -> None:
         self.con.execute(f"INSERT INTO ioe_schema VALUES ({int(version)}, {time.time_ns()})")
 
+    def _primary_keyed(self) -> frozenset[str]:
+        """Tables of this file that have a PRIMARY KEY. Files made before the raw sample tables
+        lost theirs keep them, and their rows keep being de-duplicated by it."""
+        rows = self.con.execute(
+            "SELECT table_name FROM duckdb_constraints() WHERE constraint_type = 'PRIMARY KEY'"
+        ).fetchall()
+        return frozenset(r[0] for r in rows)
+
     # -- writes ---------------------------------------------------------------------------
     def write(self, table: str, batch: Batch | pl.DataFrame | pa.Table) -> int:
         """Insert ``batch`` into ``table``; returns the number of rows that were new."""
@@ -159,9 +175,42 @@ class Store(RowCounts):
         with self._lock:
             cur = self.con.cursor()
             try:
-                return _insert(cur, table, ", ".join(spec.column_names), batch)
+                if table in self._indexed or not spec.key:
+                    return _insert(cur, table, ", ".join(spec.column_names), batch)
+                return self._insert_unindexed(cur, table, batch)
             finally:
                 cur.close()
+
+    def _insert_unindexed(self, cur: duckdb.DuckDBPyConnection, table: str, batch: Any) -> int:
+        """Insert into a raw sample table whose key has no index (``Table.indexed`` False).
+
+        Rules (the same rows an index would keep):
+
+        1. Rows of the batch that share a key are one row (``DISTINCT ON`` the key; which of
+           them is kept is not defined — a batch holding two values for one key is bad input).
+        2. A row whose key is already stored is not inserted: an anti-join against the rows
+           stored in the batch's ``ts_ns`` range (every key starts with ``ts_ns``, so the scan
+           skips row groups by their min/max).
+        3. A batch entirely newer than the largest ``ts_ns`` stored cannot repeat a stored key,
+           so rule 2 is skipped: a sidecar's scrapes (always newer) pay only for rule 1.
+        """
+        spec = TABLES[table]
+        cols, key = ", ".join(spec.column_names), ", ".join(spec.key)
+        lo, hi = _ts_range(batch, spec.key[0])
+        if table not in self._newest:
+            got = cur.execute(f"SELECT max({spec.key[0]}) FROM {table}").fetchone()
+            self._newest[table] = None if not got or got[0] is None else int(got[0])
+        newest = self._newest[table]
+        where = ""
+        if newest is not None and lo <= newest:
+            match = " AND ".join(f"l.{k} = b.{k}" for k in spec.key)
+            bound = f"l.{spec.key[0]} BETWEEN {lo} AND {hi}"
+            where = f" WHERE NOT EXISTS (SELECT 1 FROM {table} AS l WHERE {bound} AND {match})"
+        distinct = f"(SELECT DISTINCT ON ({key}) * FROM _stream) AS b"
+        sql = f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {distinct}{where}"
+        stored = _run(cur, sql, batch)
+        self._newest[table] = hi if newest is None else max(newest, hi)
+        return stored
 
     @contextmanager
     def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -254,6 +303,25 @@ def _insert(
         return _run(cur, sql, batch)
     except duckdb.ConstraintException:
         return _run(cur, sql.replace("INSERT", "INSERT OR IGNORE", 1), batch)
+
+
+def _ts_range(batch: Any, column: str) -> tuple[int, int]:
+    """Smallest and largest ``column`` value of a Batch, polars frame or Arrow table."""
+    if isinstance(batch, Batch):
+        values = batch[column]
+        if None in values:
+            raise StoreError(f"{batch.table}: key column {column} holds NULL")
+        return int(min(values)), int(max(values))
+    if hasattr(batch, "column_names"):  # a pyarrow table
+        import pyarrow.compute as pc
+
+        got = pc.min_max(batch.column(column))
+        lo, hi = got["min"].as_py(), got["max"].as_py()
+    else:
+        lo, hi = batch[column].min(), batch[column].max()
+    if lo is None or hi is None:
+        raise StoreError(f"key column {column} holds NULL")
+    return int(lo), int(hi)
 
 
 def _run(cur: duckdb.DuckDBPyConnection, sql: str, batch: Any) -> int:

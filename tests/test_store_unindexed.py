@@ -1,0 +1,87 @@
+"""Raw sample tables keep their natural key unique without a PRIMARY KEY index (Store rules 1-3 of
+``_insert_unindexed``), and files made when they had one keep using it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pytest
+
+from collector.records import TABLES, batch
+from collector.store import Store
+
+
+def _gpu(ts: list[int], values: list[float], uuid: str = "GPU-0") -> object:
+    n = len(ts)
+    return batch(
+        "gpu_samples",
+        {"ts_ns": ts, "host": ["h"] * n, "uuid": [uuid] * n, "metric": ["power_w"] * n, "value": values},
+    )
+
+
+def _rows(store: Store) -> list[tuple[object, ...]]:
+    return store.con.execute("SELECT ts_ns, uuid, value FROM gpu_samples ORDER BY ts_ns, uuid").fetchall()
+
+
+def test_new_files_index_only_the_small_tables(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.duckdb")
+    keyed = {r[0] for r in store.con.execute(
+        "SELECT table_name FROM duckdb_constraints() WHERE constraint_type = 'PRIMARY KEY'"
+    ).fetchall()}  # fmt: skip
+    raw = {"gpu_samples", "engine_samples", "histogram_buckets", "fabric_samples"}
+    assert keyed & raw == set()
+    assert {"targets", "deployments", "gpu_samples_1m", "request_spans"} <= keyed
+    assert all(not TABLES[t].indexed for t in raw)
+
+
+def test_replays_overlaps_and_in_batch_duplicates_store_each_key_once(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.duckdb")
+    assert store.write("gpu_samples", _gpu([1, 2, 3], [10.0, 20.0, 30.0])) == 3
+    assert store.write("gpu_samples", _gpu([1, 2, 3], [10.0, 20.0, 30.0])) == 0  # replay
+    assert store.write("gpu_samples", _gpu([3, 4], [99.0, 40.0])) == 1  # 3 is stored: 4 only
+    assert store.write("gpu_samples", _gpu([5, 5, 6], [50.0, 50.0, 60.0])) == 2  # one row for ts 5
+    assert store.write("gpu_samples", _gpu([2], [20.0], uuid="GPU-1")) == 1  # older, new key
+    assert _rows(store) == [
+        (1, "GPU-0", 10.0), (2, "GPU-0", 20.0), (2, "GPU-1", 20.0), (3, "GPU-0", 30.0),
+        (4, "GPU-0", 40.0), (5, "GPU-0", 50.0), (6, "GPU-0", 60.0),
+    ]  # fmt: skip
+
+
+def test_a_reopened_store_still_refuses_stored_keys(tmp_path: Path) -> None:
+    path = tmp_path / "s.duckdb"
+    first = Store(path)
+    first.write("gpu_samples", _gpu([1, 2], [1.0, 2.0]))
+    first.close()
+    again = Store(path)  # a restarted sidecar re-sending its last flush
+    assert again.write("gpu_samples", _gpu([2, 3], [2.0, 3.0])) == 1
+    frame = pl.DataFrame({"ts_ns": [3, 4], "host": "h", "uuid": "GPU-0", "metric": "power_w", "link": -1})
+    full = batch("gpu_samples", {c: frame[c].to_list() for c in frame.columns}).to_polars()
+    assert again.write("gpu_samples", full) == 1  # polars frames take the same path
+    assert [r[0] for r in _rows(again)] == [1, 2, 3, 4]
+
+
+def test_null_key_is_refused_and_nothing_stored_is_touched(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.duckdb")
+    store.write("gpu_samples", _gpu([1], [1.0]))
+    bad = batch("gpu_samples", {"ts_ns": [2], "host": [None], "uuid": ["GPU-0"], "metric": ["power_w"]})
+    with pytest.raises(duckdb.ConstraintException, match="NOT NULL"):
+        store.write("gpu_samples", bad)
+    assert _rows(store) == [(1, "GPU-0", 1.0)]
+
+
+def test_a_file_made_with_primary_keys_keeps_them(tmp_path: Path) -> None:
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))
+    spec = TABLES["gpu_samples"]
+    cols = ", ".join(f"{c} {t}{' NOT NULL' if c in spec.key else ''}" for c, t in spec.columns)
+    con.execute(f"CREATE TABLE gpu_samples ({cols}, PRIMARY KEY ({', '.join(spec.key)}))")
+    con.execute("CREATE TABLE ioe_schema (version INTEGER, applied_ns BIGINT)")
+    con.execute("INSERT INTO ioe_schema VALUES (1, 0)")
+    con.close()
+    store = Store(path)
+    assert "gpu_samples" in store._indexed
+    assert store.write("gpu_samples", _gpu([1, 2], [1.0, 2.0])) == 2
+    assert store.write("gpu_samples", _gpu([2, 3], [2.0, 3.0])) == 1  # the key index refuses ts 2
+    assert [r[0] for r in _rows(store)] == [1, 2, 3]
