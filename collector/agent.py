@@ -30,13 +30,21 @@ from ioe.settings import Settings
 log = logging.getLogger(__name__)
 
 
+# DuckDB buffer pool of a collector-only sidecar (``store_memory_limit``). One hour of the bench's
+# node (8 GPUs + 2 engines at 1 Hz) replayed in process: peak 142-145 MB and flat at 32MB, 157 MB at
+# 48MB, 188 MB at 64MB, 226 MB and still growing uncapped; the cap costs ~4.7 ms of CPU per 1 Hz
+# cycle (evicted blocks are read back to append and checkpoint). bench/results/sidecar.md.
+COLLECTOR_MEMORY_LIMIT = "32MB"
+
+
 def open_store(settings: Settings, *, threads: int | None = None) -> Any:
     """The store chosen by ``settings.store_backend``: an embedded DuckDB file or DuckLake."""
     if settings.store_backend == "ducklake":
         from collector.lake import open_store as open_lake
 
         return open_lake(settings)
-    return Store(settings.store_path, threads=threads)
+    limit = settings.store_memory_limit or (None if settings.api_enabled else COLLECTOR_MEMORY_LIMIT)
+    return Store(settings.store_path, threads=threads, memory_limit=limit)
 
 
 def build_readers(settings: Settings) -> list[Reader]:

@@ -94,13 +94,23 @@ class RowCounts:
 class Store(RowCounts):
     """DuckDB-backed store. Thread-safe: writes are serialized; reads use their own cursor."""
 
-    def __init__(self, path: str | Path = ":memory:", *, read_only: bool = False, threads: int | None = None):
+    def __init__(
+        self,
+        path: str | Path = ":memory:",
+        *,
+        read_only: bool = False,
+        threads: int | None = None,
+        memory_limit: str | None = None,
+    ):
         """``threads``: DuckDB worker threads (default: the CPUs this process may use). A sidecar,
-        which mostly inserts small batches, passes 1: extra threads only add scheduling cost."""
+        which mostly inserts small batches, passes 1: extra threads only add scheduling cost.
+        ``memory_limit``: DuckDB's buffer-pool cap (``"64MB"``; default DuckDB's, 80 % of RAM)."""
         self.path = str(path)
         self.read_only = read_only
         self._lock = threading.RLock()
         config: dict[str, Any] = {"threads": threads or _cpus()}
+        if memory_limit:
+            config["memory_limit"] = memory_limit
         if not read_only:
             config["default_block_size"] = BLOCK_SIZE  # used only when the file is created
             config["wal_autocheckpoint"] = WAL_AUTOCHECKPOINT

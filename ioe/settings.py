@@ -103,6 +103,11 @@ class Settings(_Model):
     # the writer inserts each table once per flush: 5 s costs a sidecar ~40 % less CPU than 1 s
     # (bench/results/sidecar.md); rows become queryable that much later
     flush_interval_s: float = Field(default=5.0, gt=0)
+    # DuckDB's buffer pool cap for the sidecar's store ("64MB", "1GB"). Blocks written by each
+    # checkpoint stay cached until the pool is full: a collector grew ~1 MB a minute with DuckDB's
+    # default (80 % of RAM). Empty: 32MB when api_enabled is false, DuckDB's default with the API
+    # (its analysis queries need room; DuckDB spills past the cap where it can).
+    store_memory_limit: str = ""
     queue_max_batches: int = Field(default=256, gt=0)
     auth_token: str = ""
     auth_token_file: str = ""

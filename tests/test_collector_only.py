@@ -14,10 +14,12 @@ import httpx
 import pytest
 import yaml
 
+from collector.agent import open_store
 from collector.health import HealthServer
 from collector.selfmetrics import SelfMetrics, _MemoryCollector
-from collector.store import Store
+from collector.store import Store, StoreError
 from ioe import cli
+from ioe.settings import Settings
 from tests.conftest import DATA, free_port
 from tests.httpfixtures import Route, serve, wait_until
 
@@ -156,3 +158,26 @@ def test_store_writes_without_pyarrow_or_pandas(tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
     assert out == ["1", "0", "1"]  # written once; the replay is ignored on the natural key
+
+
+def test_collector_only_store_caps_duckdb_buffer_pool(tmp_path: Path) -> None:
+    """Checkpointed blocks stay cached until DuckDB's pool is full: a collector caps it (32 MB by
+    default, ``store_memory_limit`` to change); with the API the analysis queries keep DuckDB's."""
+
+    def limit(**over: object) -> str:
+        settings = Settings(
+            store_path=str(tmp_path / f"{len(over)}-{over.get('api_enabled')}.duckdb"), **over
+        )
+        store = open_store(settings, threads=1)
+        try:
+            got = store.con.execute("SELECT current_setting('memory_limit')").fetchone()
+        finally:
+            store.close()
+        assert got is not None
+        return str(got[0])
+
+    assert limit(api_enabled=False) == "30.5 MiB"  # 32 MB
+    assert limit(api_enabled=False, store_memory_limit="256MB") == "244.1 MiB"
+    assert limit(api_enabled=True) not in ("30.5 MiB", "244.1 MiB")
+    with pytest.raises(StoreError, match="cannot open"):
+        Store(tmp_path / "bad.duckdb", memory_limit="64 potatoes")
