@@ -12,6 +12,7 @@ import sys
 MODULES = (
     "bench.bench_parse",
     "bench.bench_sidecar",
+    "bench.store_longrun",
     "bench.bench_otlp",
     "bench.bench_traces",
     "bench.bench_envelope",
