@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import array
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import polars as pl
@@ -112,6 +112,23 @@ class Batch:
 
         schema = TABLES[self.table].polars_schema()
         return pl.DataFrame([pl.Series(c, v, dtype=schema[c], strict=False) for c, v in self.data.items()])
+
+
+def as_polars(rows: Any) -> Any:
+    """A Batch as a polars frame; a polars frame (or Arrow table) as it is."""
+    return rows.to_polars() if isinstance(rows, Batch) else rows
+
+
+def concat_rows(parts: Sequence[Any], *, how: Literal["vertical", "vertical_relaxed"] = "vertical") -> Any:
+    """One table's rows from ``parts`` in order: Batches stay a Batch (no polars on the sidecar's
+    path); a mix with polars frames becomes one polars frame (``how`` as ``polars.concat``)."""
+    if len(parts) == 1:
+        return parts[0]
+    if all(isinstance(p, Batch) for p in parts):
+        return Batch.concat(parts)
+    import polars as pl
+
+    return pl.concat([as_polars(p) for p in parts], how=how)
 
 
 _NA_TYPE = {

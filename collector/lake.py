@@ -57,7 +57,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.batch import Batch
+from collector.batch import Batch, as_polars
 from collector.lake_spool import Spool
 from collector.records import REPLACE_TABLES, TABLES, Table
 from collector.store import MIGRATIONS, NS_PER_MIN, SCHEMA_VERSION, Retention, RowCounts, Store, StoreError
@@ -384,8 +384,7 @@ def _conform(table: str, batch: Batch | pl.DataFrame | pa.Table) -> pa.Table:
     spec = TABLES.get(table)
     if spec is None:
         raise LakeError(f"lake: no table {table!r}")
-    if isinstance(batch, Batch):
-        batch = batch.to_polars()
+    batch = as_polars(batch)
     arrow = batch.to_arrow() if isinstance(batch, pl.DataFrame) else batch
     missing = [c for c in spec.column_names if c not in arrow.column_names]
     if missing:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from collector.batch import Batch
+from collector.batch import Batch, as_polars
 from collector.records import REPLACE_TABLES, TABLES
 
 if TYPE_CHECKING:
@@ -373,7 +373,7 @@ class MemorySink:
     def write(self, table: str, batch: Batch | pl.DataFrame | pa.Table) -> int:
         import polars as pl
 
-        frame = batch.to_polars() if isinstance(batch, Batch) else batch
+        frame = as_polars(batch)
         frame = frame if isinstance(frame, pl.DataFrame) else pl.from_arrow(frame)
         assert isinstance(frame, pl.DataFrame)
         self.batches.append((table, frame))

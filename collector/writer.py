@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from collector.batch import Batch
+from collector.batch import Batch, concat_rows
 from collector.sink import Overloaded, Sink
 
 if TYPE_CHECKING:
@@ -121,7 +121,8 @@ class WriterThread(threading.Thread):
 
     def _flush(self, pending: dict[str, list[Any]]) -> None:
         for table, frames in pending.items():
-            batch = _concat(frames)
+            # Batches stay a Batch; a receiver's frames beside a scraper's batches become one frame
+            batch = concat_rows(frames, how="vertical_relaxed")
             try:
                 self._on_stored(table, self.store.write(table, batch))
             except Exception as exc:  # one bad batch must not stop the writer
@@ -169,16 +170,3 @@ def _framed(batch: Batch | pl.DataFrame | pa.Table) -> Batch | pl.DataFrame:
     import polars as pl
 
     return batch if isinstance(batch, pl.DataFrame) else pl.DataFrame(pl.from_arrow(batch))
-
-
-def _concat(parts: list[Any]) -> Any:
-    """One flush's batches of a table as one: Batches stay a Batch (no polars on the sidecar's
-    path); a mix (a receiver's frames beside a scraper's batches) becomes one polars frame."""
-    if len(parts) == 1:
-        return parts[0]
-    if all(isinstance(p, Batch) for p in parts):
-        return Batch.concat(parts)
-    import polars as pl
-
-    frames = [p.to_polars() if isinstance(p, Batch) else p for p in parts]
-    return pl.concat(frames, how="vertical_relaxed")

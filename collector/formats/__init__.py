@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from collector.batch import Batch
+from collector.batch import as_polars, concat_rows
 from collector.errors import Problem
 
 if TYPE_CHECKING:
@@ -47,22 +47,14 @@ class Parsed:
 
     @property
     def tables(self) -> dict[str, pl.DataFrame]:
-        return {t: b.to_polars() if isinstance(b, Batch) else b for t, b in self.batches.items()}
+        return {t: as_polars(b) for t, b in self.batches.items()}
 
     def add(self, table: str, frame: Any) -> None:
         """Append ``frame`` (a Batch or a polars frame) to ``table``'s rows."""
         if len(frame) == 0:
             return
         prev = self.batches.get(table)
-        if prev is None:
-            self.batches[table] = frame
-        elif isinstance(prev, Batch) and isinstance(frame, Batch):
-            self.batches[table] = Batch.concat([prev, frame])
-        else:
-            import polars as pl
-
-            parts = [b.to_polars() if isinstance(b, Batch) else b for b in (prev, frame)]
-            self.batches[table] = pl.concat(parts, how="vertical")
+        self.batches[table] = frame if prev is None else concat_rows([prev, frame])
 
     def extend(self, other: Parsed) -> None:
         for table, frame in other.batches.items():
