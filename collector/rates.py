@@ -61,7 +61,7 @@ class CounterRates:
         if batch.height == 0:
             return batch
         batch = batch.sort("ts_ns", maintain_order=True)
-        keys = batch.select([c for c in TABLES[table].key if c != "ts_ns"]).rows()
+        keys = batch.select(_series_columns(table)).rows()
         rates = self._rates(table, keys, batch["ts_ns"].to_list(), batch["value"].to_list())
         return batch.with_columns(pl.Series("rate_per_s", rates, dtype=pl.Float64))
 
@@ -71,14 +71,14 @@ class CounterRates:
         stamps = batch["ts_ns"]
         if any(a > b for a, b in pairwise(stamps)):  # one scrape has one ts: already sorted
             batch = batch.take(sorted(range(batch.height), key=stamps.__getitem__))
-        key_cols = [batch[c] for c in TABLES[table].key if c != "ts_ns"]
-        rates = self._rates(table, list(zip(*key_cols, strict=True)), batch["ts_ns"], batch["value"])
+        keys = list(zip(*(batch[c] for c in _series_columns(table)), strict=True))
+        rates = self._rates(table, keys, batch["ts_ns"], batch["value"])
         return batch.with_column("rate_per_s", rates)
 
     def _rates(
         self, table: str, keys: list[tuple[Any, ...]], stamps: list[int], values: list[Any]
     ) -> list[Any]:
-        key_cols = [c for c in TABLES[table].key if c != "ts_ns"]
+        key_cols = _series_columns(table)
         return [
             self._rate(table, key, ts, value) if _is_counter(table, key, key_cols) else None
             for key, ts, value in zip(keys, stamps, values, strict=True)
@@ -101,6 +101,11 @@ class CounterRates:
         self._last.move_to_end(series)
         while len(self._last) > self.max_series:
             self._last.popitem(last=False)  # rule 6
+
+
+def _series_columns(table: str) -> list[str]:
+    """Rule 2: a series is the table's natural key without ``ts_ns``."""
+    return [c for c in TABLES[table].key if c != "ts_ns"]
 
 
 def _is_counter(table: str, key: tuple[Any, ...], key_cols: list[str]) -> bool:
