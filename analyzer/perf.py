@@ -18,8 +18,9 @@ Rules (REFERENCE §5), per GPU of the most loaded pipeline stage:
      scale-up (NVLink) domain when the group fits in one node, the inter-node fabric otherwise.
   5. Serving at concurrency C in aggregated mode: the running batch is min(C, sequences that fit
      in KV). Spread-out arrivals (:func:`steady_latency`): ``running / OSL`` prompts join per
-     step; a "mixed" engine (vLLM, TRT-LLM) folds their tokens into the decode step's GEMMs
-     (weights read once), a "prefill_first" engine (SGLang) pauses decoding for each prefill.
+     step; a "mixed" engine (vLLM, TRT-LLM) folds a prompt's tokens into one decode step's GEMMs
+     (weights read once) — a share of the steps carries a prompt, the rest decode only, and TPOT
+     is their mean — a "prefill_first" engine (SGLang) pauses decoding for each prefill.
      Waves (:func:`wave_latency`): a closed-loop benchmark starts all C clients at once; the
      wave's prompts are prefilled in step-budget chunks, so request i waits for the chunks ahead
      of it. ``burst_share`` mixes the two (the harness, not the hardware). When C exceeds what
@@ -132,7 +133,7 @@ class Efficiency:
 #                   waves (SGLang 0.5.1's prefill-first keeps a closed loop's waves together: 1.0;
 #                   mixed schedulers dissolve them after the first: 0.1-0.15). Planning passes 0.
 #   prefix_hit      the WORKLOAD, not the hardware: share of prompt tokens served from the prefix
-#                   cache. 0 everywhere except the h200 vLLM 0.12 harness (0.25), whose prompt
+#                   cache. 0 everywhere except the h200 vLLM 0.12 harness (0.5), whose prompt
 #                   throughput is near the GPU's FP8 peak without it.
 #   slot_wait       the HARNESS: share of closed-loop requests that arrive to a full batch (the
 #                   finished sequence's slot is released an iteration after its client resends)
@@ -141,18 +142,19 @@ class Efficiency:
 EFFICIENCY: dict[str, Efficiency] = {  # backend defaults: fitted on h100_sxm rows
     # TRT-LLM 1.0.0rc3 (353 rows) + 1.2.0rc6 (4): Llama-3.1-8B BF16, Qwen3-32B FP8.
     "trtllm": Efficiency(
-        mfu=0.50, hbm_eff=0.70, step_overhead_s=3.0e-3, comm_eff=0.7, fp8_kv=True,
-        burst_share=0.10, scheduler="mixed", low_precision_scale=0.7, seq_overhead_s=10e-6,
-        slot_wait=0.75,
+        mfu=0.60, hbm_eff=0.90, step_overhead_s=2.0e-3, comm_eff=0.7, fp8_kv=True,
+        burst_share=0.10, scheduler="mixed", low_precision_scale=0.6, seq_overhead_s=10e-6,
+        slot_wait=1.0,
     ),
-    # vLLM 0.12.0 (94 rows): Qwen3-32B BF16 (90) and FP8 (4). Kept from the previous fit (met,
-    # cross-validated): the refit lands at loss 15.8 (hbm_eff 0.7, mfu 0.5, slot_wait 0.25) against
-    # this row's 16.6; these rows do not pin hbm_eff between 0.7 and 0.8 (0.8 is nearer the H100's
-    # measured 3.0 TB/s device copy), and 0.7 would move the 405B two-node plan's TP8·PP2 TPOT
-    # from 47 to 53 ms.
+    # vLLM 0.12.0 (94 rows): Qwen3-32B BF16 (90) and FP8 (4). Refitted with the mixed step's
+    # prompt-carrying share (steady_latency 1): the refit moves hbm_eff 0.8 → 0.9 and slot_wait
+    # 0 → 0.25 (taken) and mfu 0.55 → 0.65 (held: loss 11.6 with it, 12.5 without, against 14.6
+    # for the previous row; these rows' BF16 prefill does not pin mfu between the two, and 0.65
+    # would shorten every plan's and the simulator's vLLM compute time by 15 %).
     "vllm": Efficiency(
-        mfu=0.55, hbm_eff=0.80, step_overhead_s=3.0e-3, comm_eff=0.7, fp8_kv=False,
+        mfu=0.55, hbm_eff=0.90, step_overhead_s=3.0e-3, comm_eff=0.7, fp8_kv=False,
         burst_share=0.15, scheduler="mixed", low_precision_scale=0.6, seq_overhead_s=40e-6,
+        slot_wait=0.25,
     ),
     # SGLang 0.5.1 (78 rows), 0.5.8 (6), 0.5.6 disagg (4): Qwen3-32B. Kept from the previous fit
     # (loss 8.05; the refit's descents stop at 8.2).
@@ -170,9 +172,9 @@ PLATFORM_EFFICIENCY: dict[tuple[str, str], Efficiency] = {  # (backend, GPU): fi
     ),
     # vLLM 0.12.0 on H200 (21 rows, Llama-3.1-8B FP8).
     ("vllm", "h200_sxm"): Efficiency(
-        mfu=0.70, hbm_eff=0.90, step_overhead_s=2.0e-3, comm_eff=0.7, fp8_kv=False,
-        burst_share=0.10, scheduler="mixed", low_precision_scale=1.0, seq_overhead_s=0.0,
-        prefix_hit=0.25, slot_wait=1.0,
+        mfu=0.70, hbm_eff=0.90, step_overhead_s=1.0e-3, comm_eff=0.7, fp8_kv=False,
+        burst_share=0.15, scheduler="mixed", low_precision_scale=1.0, seq_overhead_s=0.0,
+        prefix_hit=0.5, slot_wait=0.75,
     ),
 }  # fmt: skip
 
@@ -421,9 +423,13 @@ def _chunk_budget(s: Setup, running: int) -> int:
 def steady_latency(s: Setup, running: int, isl: int, osl: int) -> tuple[float, float, dict[str, float]]:
     """(TTFT, TPOT, terms) once arrivals are spread out: ``running / OSL`` prompts join per step.
 
-    1. mixed: the arriving prompt tokens ride in every decode step (chunked prefill), so TPOT is
-       that mixed step; a new prompt waits half a step, then takes ceil(ISL / budget) steps that
-       each carry at least one whole budget of its tokens.
+    1. mixed: an arriving prompt rides in a decode step whole (or in step-budget pieces when it
+       is longer than the budget), so a share ``arrivals × ISL / piece`` of the steps carries a
+       piece and the rest are pure decode steps; TPOT is the mean of the two. (Averaging the
+       prompt tokens over every step instead hid them under the decode step's HBM time: a step
+       is max(HBM, compute), and the mean of the maxima is not the max of the means.) A new
+       prompt waits half a step, then takes ceil(ISL / budget) steps that each carry at least
+       one whole budget of its tokens.
     2. prefill_first: each arriving prompt is a separate prefill that pauses decoding, so TPOT is
        the pure decode step + arrivals × prefill time; TTFT = half a step + the prefill.
     """
@@ -436,11 +442,16 @@ def steady_latency(s: Setup, running: int, isl: int, osl: int) -> tuple[float, f
         return own + tpot / 2, tpot, {**step, "prefill_arrivals_per_step": arrivals}
     budget = _chunk_budget(s, running)
     fresh = s.eff.fresh(isl)
-    step = step_time(s, running, ctx, min(arrivals * fresh, budget), isl)
-    chunk = step_time(s, running, ctx, max(min(fresh, budget), min(arrivals * fresh, budget)), isl)
-    tpot = step["decode_step_s"]
+    piece = max(min(fresh, budget), min(arrivals * fresh, budget))  # prompt tokens a carrying step holds
+    share = min(1.0, arrivals * fresh / piece)  # share of steps that carry one
+    chunk = step_time(s, running, ctx, piece, isl)
+    pure = step_time(s, running, ctx, 0.0, isl)
+    tpot = share * chunk["decode_step_s"] + (1 - share) * pure["decode_step_s"]
     ttft = tpot / 2 + math.ceil(fresh / budget) * chunk["decode_step_s"]
-    return ttft, tpot, {**step, "prefill_arrivals_per_step": arrivals}
+    # the terms of the mean step: its reads, FLOPs and transfers with the prompt tokens spread
+    mean = step_time(s, running, ctx, min(arrivals * fresh, budget), isl)
+    terms = {**mean, "decode_step_s": tpot, "prefill_step_share": share}
+    return ttft, tpot, {**terms, "prefill_arrivals_per_step": arrivals}
 
 
 def wave_latency(s: Setup, running: int, isl: int, osl: int) -> tuple[float, float]:
