@@ -30,7 +30,7 @@ sidecar's own ``ioe_rows_stored_total``; Prometheus's samples/s from its
 ``prometheus_tsdb_head_samples_appended_total``. Each process runs alone (one after the
 other) so they do not share the 2-core machine with each other.
 
-Run: ``.venv/bin/python -m bench.bench_sidecar [--duration 60] [--warmup 15] [--peers prometheus,plain]``.
+Run: ``.venv/bin/python -m bench.bench_sidecar [--duration 300] [--warmup 15] [--peers prometheus,plain]``.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ from pathlib import Path
 
 import httpx
 import yaml
+
+from ioe.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = ROOT / "tests" / "data" / "engine"
@@ -466,9 +468,12 @@ def report(results: list[Measured]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--duration", type=float, default=60.0, help="steady-state seconds measured")
+    # 300 s: long enough for several DuckDB checkpoints and five maintenance passes (rollups)
+    ap.add_argument("--duration", type=float, default=300.0, help="steady-state seconds measured")
     ap.add_argument("--warmup", type=float, default=15.0, help="seconds after start before measuring")
-    ap.add_argument("--flush-interval", type=float, default=5.0, help="sidecar flush_interval_s")
+    ap.add_argument(
+        "--flush-interval", type=float, default=Settings().flush_interval_s, help="sidecar flush_interval_s"
+    )
     ap.add_argument("--hide-pandas", action="store_true", help="run the sidecar as if pandas were absent")
     ap.add_argument("--peers", default="prometheus,plain", help="comma list: prometheus, plain (or none)")
     ap.add_argument("--modes", default="collector,agent", help="sidecar modes: collector, agent")

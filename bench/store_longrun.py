@@ -3,9 +3,10 @@
 The sidecar bench (``bench.bench_sidecar``) measures 75 s of a live process; DuckDB's memory only
 settles after its buffer pool fills, which takes tens of minutes at 1 Hz. This replays the same
 bodies (8-GPU dcgm-exporter, vLLM, SGLang; values moving) as fast as one thread can: each 1 Hz
-cycle is parsed with the scrape cache into Batches, every 5 cycles written to a fresh store file
-(as the sidecar's writer does at ``flush_interval_s`` 5), every 60 cycles maintained (rollups and
-retention, as at ``maintenance_interval_s`` 60). Timestamps advance 1 s per cycle.
+cycle is parsed with the scrape cache into Batches, every 10 cycles written to a fresh store file
+(as the sidecar's writer does at its default ``flush_interval_s`` of 10), every 60 cycles
+maintained (rollups and retention, as at ``maintenance_interval_s`` 60). Timestamps advance 1 s
+per cycle.
 
 Reported every 600 cycles: resident and peak RSS of this process (which also holds the bodies:
 ~100 MB before the store opens), process CPU so far, and DuckDB's tagged memory.
@@ -56,7 +57,7 @@ def main() -> None:
             )  # type: ignore[arg-type]
             for table, rows in parsed.batches.items():
                 pending.setdefault(table, []).append(rows)
-        if (i + 1) % 5 == 0:
+        if (i + 1) % 10 == 0:
             for table, parts in pending.items():
                 store.write(table, Batch.concat(parts))
             pending = {}

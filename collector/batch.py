@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import array
 from collections.abc import Iterable, Sequence
+from itertools import accumulate, chain, repeat
+from operator import is_not
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -88,7 +90,7 @@ class Batch:
         for part in items[1:]:
             if part.table != first.table or part.columns != first.columns:
                 raise ValueError(f"Batch.concat: {part.table} {part.columns} does not match {first.table}")
-        data = {c: [v for part in items for v in part.data[c]] for c in first.data}
+        data = {c: list(chain.from_iterable(part.data[c] for part in items)) for c in first.data}
         return Batch(first.table, data, sum(p.height for p in items))
 
     # -- export -------------------------------------------------------------------------------
@@ -100,7 +102,7 @@ class Batch:
 
         types = dict(TABLES[self.table].columns)
         children = [_arrow_column(na, self.table, c, types[c], v, self.height) for c, v in self.data.items()]
-        schema = na.struct({c: _NA_TYPE[types[c]](na) for c in self.data})
+        schema = na.struct({c: _na_type(na, types[c]) for c in self.data})
         struct = na.c_array_from_buffers(schema, self.height, [None], children=children)
         return na.c_array_stream(struct).__arrow_c_stream__(requested_schema)
 
@@ -138,21 +140,66 @@ _NA_TYPE = {
     "VARCHAR": lambda na: na.string(),
     "BOOLEAN": lambda na: na.bool_(),
 }
+_SCHEMAS: dict[str, Any] = {}  # one nanoarrow type per DuckDB type, made once
+_BITS = bytes.maketrans(b"\x00\x01", b"01")
+
+
+def _na_type(na: Any, duck_type: str) -> Any:
+    got = _SCHEMAS.get(duck_type)
+    if got is None:
+        got = _SCHEMAS[duck_type] = _NA_TYPE[duck_type](na)
+    return got
 
 
 def _arrow_column(na: Any, table: str, name: str, duck_type: str, values: list[Any], height: int) -> Any:
-    """One column as a nanoarrow array (rule 2). NULL-free numbers go through ``array.array``
-    (one C loop, ~3x faster than nanoarrow's per-item path); anything else is converted per item."""
-    code = _TYPECODE.get(duck_type)
-    if code is not None:
-        try:
-            return na.c_array_from_buffers(_NA_TYPE[duck_type](na), height, [None, array.array(code, values)])
-        except (TypeError, OverflowError):
-            pass  # NULLs or mixed int/float: the per-item path below
+    """One column as a nanoarrow array (rule 2), built from buffers where the values allow it
+    (one C loop per buffer: about 4x cheaper than nanoarrow's per-item builder, which is what a
+    value of another type or a column of mixed types still goes through)."""
+    kind = _na_type(na, duck_type)
     try:
-        return na.c_array(_coerced(duck_type, values), _NA_TYPE[duck_type](na))
+        if duck_type == "VARCHAR":
+            return _string_column(na, kind, values, height)
+        code = _TYPECODE.get(duck_type)
+        if code is not None:
+            validity, nulls = _validity(values, height)
+            filled = values if not nulls else [0 if v is None else v for v in values]
+            buffers = [validity, array.array(code, filled)]
+            return na.c_array_from_buffers(kind, height, buffers, null_count=nulls)
+    except (TypeError, ValueError, OverflowError):
+        pass  # another type (an int in a VARCHAR column, a float in BIGINT), a lone surrogate: per item
+    try:
+        return na.c_array(_coerced(duck_type, values), kind)
     except (TypeError, ValueError, OverflowError) as exc:
         raise TypeError(f"{table}.{name}: values do not fit {duck_type} ({exc})") from exc
+
+
+def _validity(values: list[Any], height: int) -> tuple[bytes | None, int]:
+    """(Arrow validity bitmap or None when no value is NULL, the NULL count), in C loops: the
+    0/1 flags become the binary digits of one integer whose little-endian bytes are the bitmap."""
+    nulls = values.count(None)
+    if not nulls:
+        return None, 0
+    flags = bytes(map(is_not, values, repeat(None)))
+    bits = int(flags.translate(_BITS)[::-1] or b"0", 2)
+    return bits.to_bytes((height + 7) // 8, "little"), nulls
+
+
+def _string_column(na: Any, kind: Any, values: list[Any], height: int) -> Any:
+    """A UTF-8 column from an offsets and a data buffer; TypeError for a value that is not a str."""
+    validity, nulls = _validity(values, height)
+    present = values if not nulls else [v for v in values if v is not None]
+    text = "".join(present)  # TypeError for a non-str value
+    if text.isascii():
+        lengths: Iterable[int] = map(len, present)
+        data = text.encode("ascii")
+    else:
+        encoded = [v.encode("utf-8") for v in present]  # UnicodeEncodeError: a lone surrogate
+        lengths, data = map(len, encoded), b"".join(encoded)
+    if nulls:  # NULL rows take no bytes: their length is 0
+        it = iter(lengths)
+        lengths = [0 if v is None else next(it) for v in values]
+    offsets = array.array("i", accumulate(lengths, initial=0))
+    return na.c_array_from_buffers(kind, height, [validity, offsets, data], null_count=nulls)
 
 
 def _coerced(duck_type: str, values: list[Any]) -> list[Any]:

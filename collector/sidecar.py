@@ -25,8 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
-
 from collector.batch import Batch
 from collector.errors import Problem
 from collector.formats import Parsed
@@ -34,6 +32,7 @@ from collector.formats.scrape import ScrapeCache, parse_scrape, replay_scrape
 from collector.rates import CounterRates
 from collector.records import batch
 from collector.selfmetrics import SelfMetrics
+from collector.sources.http_client import HttpClient
 from collector.sources.http_scraper import Health, ScrapeError, fetch, next_delay
 from collector.writer import QueueSink
 from ioe.settings import DeploymentSpec, Settings, TargetSpec
@@ -88,7 +87,7 @@ class Sidecar:
     async def run(self, extra: list[Callable[[], Any]] | None = None) -> None:
         """Run every source until :meth:`stop`; ``extra`` are more coroutine factories to run alongside."""
         self.write_deployments(self.settings.deployments)
-        async with httpx.AsyncClient(follow_redirects=False, trust_env=False) as client:
+        async with HttpClient() as client:
             tasks = [
                 asyncio.create_task(self._target_loop(client, t), name=f"target:{t.name}")
                 for t in self.settings.targets
@@ -114,7 +113,7 @@ class Sidecar:
         return False
 
     # -- scrape targets ---------------------------------------------------------------------
-    async def _target_loop(self, client: httpx.AsyncClient, spec: TargetSpec) -> None:
+    async def _target_loop(self, client: HttpClient, spec: TargetSpec) -> None:
         state = self.states.setdefault(spec.name, SourceState(spec.name, spec.kind, spec.url, spec.host))
         while True:
             started = time.monotonic()
@@ -123,7 +122,7 @@ class Sidecar:
             if not await self.pause(delay - (time.monotonic() - started)):
                 return
 
-    async def scrape_target(self, client: httpx.AsyncClient, spec: TargetSpec, state: SourceState) -> None:
+    async def scrape_target(self, client: HttpClient, spec: TargetSpec, state: SourceState) -> None:
         """One scrape of one target: fetch, parse off-loop, rate counters, enqueue, record health."""
         ts_ns = self.clock()
         t0 = time.monotonic()

@@ -54,6 +54,13 @@ BLOCK_SIZE = 64 * 1024
 # ~2 min and +45 MB resident. At 4 MiB its DuckDB memory stays at 15-24 MB (1 MiB checkpoints so
 # often that inserts cost ~50 % more CPU). Measured in bench/results/sidecar.md.
 WAL_AUTOCHECKPOINT = "4MB"
+# Rows per row group of a writable file store (DuckDB's default: 122,880). A checkpoint rewrites
+# the table's last, partly filled row group whole, so with the default a collector's checkpoints
+# cost more the fuller that group gets: 7.4 -> 13.7 ms of CPU per 1 Hz cycle over 20 minutes, and
+# flat at ~7.8 ms with 16,384 (bench/results/sidecar.md, round 4). DuckDB takes it as an ATTACH
+# option of one session, not as a property of the file, so a writable store is attached.
+ROW_GROUP_SIZE = 16_384
+ATTACHED = "store"  # the catalog name of an attached store file
 
 # (from_version, statements bringing a store from from_version to from_version + 1).
 MIGRATIONS: list[tuple[int, list[str]]] = []
@@ -114,14 +121,43 @@ class Store(RowCounts):
         if not read_only:
             config["default_block_size"] = BLOCK_SIZE  # used only when the file is created
             config["wal_autocheckpoint"] = WAL_AUTOCHECKPOINT
+        self._use = ""  # the statement that makes a new cursor see the store's tables
         try:
-            self.con = duckdb.connect(self.path, read_only=read_only, config=config)
+            if read_only or self.path == ":memory:":
+                self.con = duckdb.connect(self.path, read_only=read_only, config=config)
+            else:
+                self.con = self._attach(config)
         except duckdb.Error as exc:
             raise StoreError(f"store {self.path}: cannot open ({exc})") from exc
         if not read_only:
             self._migrate()
         self._indexed = self._primary_keyed()
         self._newest: dict[str, int | None] = {}  # unindexed table -> its largest ts_ns stored
+        self._writer = self._new_cursor()
+
+    def _attach(self, config: dict[str, Any]) -> duckdb.DuckDBPyConnection:
+        """A writable file store, attached with :data:`ROW_GROUP_SIZE` (and :data:`BLOCK_SIZE`
+        when the file is new) and made the connection's default catalog."""
+        config = {k: v for k, v in config.items() if k != "default_block_size"}
+        config["temp_directory"] = self.path + ".tmp"  # DuckDB's own default for a file store
+        options = [f"ROW_GROUP_SIZE {ROW_GROUP_SIZE}"]
+        if not Path(self.path).exists():
+            options.append(f"BLOCK_SIZE {BLOCK_SIZE}")
+        con = duckdb.connect(":memory:", config=config)
+        try:
+            con.execute(f"ATTACH {_text(self.path)} AS {ATTACHED} ({', '.join(options)})")
+            con.execute(f"USE {ATTACHED}")
+        except duckdb.Error:
+            con.close()
+            raise
+        self._use = f"USE {ATTACHED}"
+        return con
+
+    def _new_cursor(self) -> duckdb.DuckDBPyConnection:
+        cur = self.con.cursor()
+        if self._use:
+            cur.execute(self._use)
+        return cur
 
     # -- schema ---------------------------------------------------------------------------
     def schema_version(self) -> int:
@@ -183,13 +219,10 @@ class Store(RowCounts):
         if missing:
             raise StoreError(f"{table}: batch lacks columns {missing}")
         with self._lock:
-            cur = self.con.cursor()
-            try:
-                if table in self._indexed or not spec.key:
-                    return _insert(cur, table, ", ".join(spec.column_names), batch)
-                return self._insert_unindexed(cur, table, batch)
-            finally:
-                cur.close()
+            cur = self._writer
+            if table in self._indexed or not spec.key:
+                return _insert(cur, table, ", ".join(spec.column_names), batch)
+            return self._insert_unindexed(cur, table, batch)
 
     def _insert_unindexed(self, cur: duckdb.DuckDBPyConnection, table: str, batch: Any) -> int:
         """Insert into a raw sample table whose key has no index (``Table.indexed`` False).
@@ -225,7 +258,7 @@ class Store(RowCounts):
     @contextmanager
     def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
         """A cursor for reads (or analyzer work) that does not block the writer."""
-        cur = self.con.cursor()
+        cur = self._new_cursor()
         try:
             yield cur
         finally:
@@ -276,6 +309,7 @@ class Store(RowCounts):
 
     def close(self) -> None:
         with self._lock:
+            self._writer.close()
             self.con.close()
 
     def __enter__(self) -> Store:

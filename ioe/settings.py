@@ -100,15 +100,17 @@ class Settings(_Model):
     raw_retention_s: float = Field(default=2 * 86400, gt=0)
     rollup_retention_s: float = Field(default=30 * 86400, gt=0)
     maintenance_interval_s: float = Field(default=60.0, gt=0)
-    # the writer inserts each table once per flush: 5 s costs a sidecar ~40 % less CPU than 1 s
-    # (bench/results/sidecar.md); rows become queryable that much later
-    flush_interval_s: float = Field(default=5.0, gt=0)
+    # the writer inserts each table once per flush: 5 s costs a sidecar ~40 % less CPU than 1 s,
+    # 10 s another ~20 % less than 5 s (bench/results/sidecar.md); rows become queryable that much
+    # later (the sidecar's own /metrics are live)
+    flush_interval_s: float = Field(default=10.0, gt=0)
     # DuckDB's buffer pool cap for the sidecar's store ("64MB", "1GB"). Blocks written by each
     # checkpoint stay cached until the pool is full: a collector grew ~1 MB a minute with DuckDB's
     # default (80 % of RAM). Empty: 32MB when api_enabled is false, DuckDB's default with the API
     # (its analysis queries need room; DuckDB spills past the cap where it can).
     store_memory_limit: str = ""
-    queue_max_batches: int = Field(default=256, gt=0)
+    # batches waiting for the writer: ~3 per target scrape, so 1024 holds 10 s of ~30 targets at 1 Hz
+    queue_max_batches: int = Field(default=1024, gt=0)
     auth_token: str = ""
     auth_token_file: str = ""
     require_token_for_reads: bool = False

@@ -165,3 +165,33 @@ def test_replay_scrape_alone_answers_only_what_replays() -> None:
         is None
     )
     assert replay_scrape(moved + b"#" * REPLAY_MAX_BYTES, ts_ns=3, cache=cache, **where) is None
+
+
+def test_skeleton_gives_body_shapes_values_or_none() -> None:
+    from collector.formats.exposition import Skeleton, body_shape
+
+    for body in (DCGM, VLLM, SGLANG, VLLM + DCGM):
+        learned = Skeleton.learn(body)
+        assert learned is not None
+        skeleton, values = learned
+        assert values == body_shape(body)[1]  # type: ignore[index]
+        moved = _bump(body, 0.5)
+        assert skeleton.values(moved) == body_shape(moved)[1]  # type: ignore[index]
+    skeleton = Skeleton.learn(DCGM)[0]  # type: ignore[index]
+    line = next(x for x in DCGM.splitlines() if x.startswith(GPU1_POWER))
+    prefix, _, value = line.rpartition(" ")
+    near_misses = {
+        "a value with _ (the parser refuses it)": f"{prefix} 1_0",
+        "a timestamp after the value": f"{prefix} {value} 1767225600000",
+        "a tab before a timestamp": f"{prefix} {value}\t17",
+        "an exemplar": f'{prefix} {value} # {{a="b"}} 1',
+        "a value glued to #": f"{prefix} {value}#",
+        "no value": f"{prefix} ",
+        "another label value": line.replace('gpu="1"', 'gpu="9"'),
+    }
+    for what, changed in near_misses.items():
+        assert skeleton.values(DCGM.replace(line, changed)) is None, what
+    assert skeleton.values(DCGM.replace("# SOURCE:", "# SOURCES:")) is None
+    assert skeleton.values(DCGM + "\n") is None  # one more (empty) line
+    assert Skeleton.learn(DCGM.replace("\n", "\r\n")) is None  # CRLF bodies are never remembered
+    assert Skeleton.learn(DCGM.replace(line, f"{prefix} {value} 17")) is None  # a timestamp

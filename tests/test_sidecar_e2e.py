@@ -142,7 +142,7 @@ def _check_store(path: Path) -> None:
     assert health["dcgm"] is True and health["vllm"] is True
     assert health["dead"] is False and health["hang"] is False
     errors = dict(q("SELECT target, last_error FROM targets"))
-    assert "ConnectError" in errors["dead"]
+    assert "ConnectionRefusedError" in errors["dead"]
     assert "within 1 s" in errors["hang"]
 
     # the garbage target: its one good line is kept, the bad lines are refused with their line numbers

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import random
 
-import httpx
 import pytest
 
 from collector.records import frame
 from collector.sink import Overloaded
+from collector.sources.http_client import HttpClient
 from collector.sources.http_scraper import MAX_BACKOFF_S, ScrapeError, fetch, next_delay
 from collector.store import Store
 from collector.writer import QueueSink, WriterThread
@@ -86,7 +86,7 @@ def test_fetch_deadline_body_cap_and_status() -> None:
     )
 
     async def go() -> None:
-        async with httpx.AsyncClient() as c:
+        async with HttpClient() as c:
             assert await fetch(c, "ok", srv.url("/ok"), 2, 1000) == b"up 1\n"
             # undecodable bytes are the parser's business (they cost their line only), not the fetcher's
             assert await fetch(c, "latin", srv.url("/latin"), 2, 1000) == b"caf\xe9 1\n"

@@ -25,7 +25,8 @@ Rules:
    again on every scrape (exposition rule 11, dcgm rule 8, engine rule 9). The rows are the
    same with or without it; it is bounded (cleared whole past ``max_series`` series).
 6. Replay: when a target's body has the same shape as its last clean scrape (exposition
-   rule 12: the same comment lines, names and label blocks in the same order, no timestamps)
+   rule 12, checked with that scrape's :class:`Skeleton`: the same comment lines, names and
+   label blocks in the same order, no timestamps)
    only the values are new, so the rows are rebuilt from the last scrape's identity columns
    and the new values (each row's value = its sample's value × the same scale), without
    parsing or mapping again. A value the mappers would refuse (non-finite, a DCGM blank
@@ -39,6 +40,8 @@ from __future__ import annotations
 import gzip
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
+from operator import itemgetter, mul
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,7 +50,7 @@ from collector.errors import ParseError, Problem
 from collector.formats import SNIFF_BYTES, FileFormat, IngestContext, Parsed
 from collector.formats.dcgm import BLANK_MIN, GpuMemo, is_gpu_metric, to_gpu_samples
 from collector.formats.engine import EngineMemo, engine_of, to_engine_samples
-from collector.formats.exposition import MAX_BODY_CHARS, ParseCache, Shape, body_shape, parse
+from collector.formats.exposition import MAX_BODY_CHARS, ParseCache, Skeleton, parse
 
 Kind = Literal["dcgm", "engine", "auto"]
 
@@ -69,10 +72,28 @@ class _Plan:
     unit_rows: list[int]  # rows whose value must lie in 0..1 (KV usage)
     blank_check: bool  # DCGM rows: a raw value ≥ BLANK_MIN is a blank sentinel
 
+    @cached_property
+    def _pick(self) -> Any:
+        return itemgetter(*self.index) if len(self.index) > 1 else None
+
+    @cached_property
+    def _unscaled(self) -> bool:
+        return all(s == 1.0 for s in self.scale)
+
+    def raw(self, values: list[float]) -> list[float]:
+        """The body's values in row order."""
+        if self._pick is not None:
+            return list(self._pick(values))
+        return [values[i] for i in self.index]
+
+    def scaled(self, raw: list[float]) -> list[float]:
+        return raw if self._unscaled else list(map(mul, raw, self.scale))
+
 
 @dataclass(frozen=True)
 class _Replay:
-    key: tuple[str, str, str, Shape]  # (kind, host, source, shape)
+    key: tuple[str, str, str]  # (kind, host, source)
+    skeleton: Skeleton  # the shape a body must have to replay
     plans: dict[str, _Plan]
 
 
@@ -114,12 +135,11 @@ def parse_scrape(
             raise ParseError(f"body of {len(text):,} bytes exceeds the cap of {max_bytes:,}", source=source)
         text = text.decode("utf-8", errors="replace")
     memo = (cache or ScrapeCache()).bounded()
-    shape, replayed = None, None
     if cache is not None and len(text) <= max_bytes:
-        shape, replayed = _replay_of(text, kind, host, source, memo, ts_ns)
-    if replayed is not None:
-        return replayed
-    return _full(text, kind, ts_ns, host, source, max_bytes, cache, memo, shape)
+        replayed = _replay_of(text, kind, host, source, memo, ts_ns)
+        if replayed is not None:
+            return replayed
+    return _full(text, kind, ts_ns, host, source, max_bytes, cache, memo)
 
 
 def replay_scrape(
@@ -130,17 +150,18 @@ def replay_scrape(
     remembered scrape, and on bodies over :data:`REPLAY_MAX_BYTES`."""
     if cache.replay is None or len(body) > REPLAY_MAX_BYTES:
         return None
-    return _replay_of(body.decode("utf-8", errors="replace"), kind, host, source, cache, ts_ns)[1]
+    return _replay_of(body.decode("utf-8", errors="replace"), kind, host, source, cache, ts_ns)
 
 
 def _replay_of(
     text: str, kind: Kind, host: str, source: str, cache: ScrapeCache, ts_ns: int
-) -> tuple[tuple[Shape, list[str]] | None, Parsed | None]:
-    """(the body's shape and value texts, its replayed rows or None): the one rule-6 check."""
-    shape = body_shape(text)
-    if shape is None or cache.replay is None or cache.replay.key != (kind, host, source, shape[0]):
-        return shape, None
-    return shape, _replayed(cache.replay, shape[1], ts_ns)
+) -> Parsed | None:
+    """The replayed rows of ``text``, or None: the one rule-6 check."""
+    replay = cache.replay
+    if replay is None or replay.key != (kind, host, source):
+        return None
+    texts = replay.skeleton.values(text)
+    return None if texts is None else _replayed(replay, texts, ts_ns)
 
 
 def _full(
@@ -152,7 +173,6 @@ def _full(
     max_bytes: int,
     cache: ScrapeCache | None,
     memo: ScrapeCache,
-    shape: tuple[Shape, list[str]] | None,
 ) -> Parsed:
     """The full path: parse, map, and (with a cache) remember the scrape for rule 6."""
     exp = parse(text, source=source, max_chars=max_bytes, cache=memo.parse if cache else None)
@@ -166,10 +186,10 @@ def _full(
         result.extend(gpu)
     if kind in ("engine", "auto"):
         result.extend(to_engine_samples(exp, ts_ns=ts_ns, source=source, memo=memo.engine, trace=traces))
-    if shape is not None:
-        memo.replay = _learned(
-            result, traces, (kind, host, source, shape[0]), shape[1], ts_ns, len(exp.samples)
-        )
+    learned = Skeleton.learn(text) if cache is not None and not result.problems else None
+    memo.replay = None
+    if learned is not None:
+        memo.replay = _learned(result, traces, (kind, host, source), learned, ts_ns, len(exp.samples))
     return result
 
 
@@ -187,10 +207,10 @@ def _replayed(replay: _Replay, texts: list[str], ts_ns: int) -> Parsed | None:
         return None
     result = Parsed()
     for table, plan in replay.plans.items():
-        raw = [values[i] for i in plan.index]
+        raw = plan.raw(values)
         if not all(map(math.isfinite, raw)) or (plan.blank_check and max(raw, default=0.0) >= BLANK_MIN):
             return None
-        scaled = [v * s for v, s in zip(raw, plan.scale, strict=True)]
+        scaled = plan.scaled(raw)
         if any(not 0.0 <= scaled[r] <= 1.0 for r in plan.unit_rows):
             return None
         new: dict[str, list[Any]] = {"ts_ns": [ts_ns] * len(scaled), VALUE_COLUMN[table]: scaled}
@@ -203,12 +223,13 @@ def _replayed(replay: _Replay, texts: list[str], ts_ns: int) -> Parsed | None:
 def _learned(
     result: Parsed,
     traces: dict[str, Trace],
-    key: tuple[str, str, str, Shape],
-    texts: list[str],
+    key: tuple[str, str, str],
+    learned: tuple[Skeleton, list[str]],
     ts_ns: int,
     n: int,
 ) -> _Replay | None:
     """Rule 6: a replay plan from a clean full-path scrape, kept only if it reproduces its rows."""
+    skeleton, texts = learned
     if result.problems or len(texts) != n:
         return None
     plans = {}
@@ -224,7 +245,7 @@ def _learned(
         plans[table] = _Plan(
             table, ids, frame.columns, list(index), list(scale), unit_rows, table == "gpu_samples"
         )
-    replay = _Replay(key, plans)
+    replay = _Replay(key, skeleton, plans)
     again = _replayed(replay, texts, ts_ns)
     if again is None or any(not again.batches[t].equals(f) for t, f in result.batches.items() if t in plans):
         return None

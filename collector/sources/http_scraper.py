@@ -5,7 +5,9 @@ Rules:
    negotiation renames ``vllm:`` samples).
 2. A whole scrape (connect, headers, body) must finish within the target's ``timeout_s``; a
    target that hangs costs its own task that long and nothing more.
-3. A body larger than ``max_body_bytes`` is abandoned as it streams in, never buffered whole.
+3. A body larger than ``max_body_bytes`` is abandoned as it streams in (or at once, from its
+   ``Content-Length``), never buffered whole. The GET itself is
+   :class:`collector.sources.http_client.HttpClient`'s (keep-alive, one connection per target).
 4. After ``k`` consecutive failures the next attempt waits ``interval × 2^k`` (capped at
    :data:`MAX_BACKOFF_S`), multiplied by a random factor in [0.8, 1.2] so that many sidecars
    do not retry a shared endpoint in step. One success resets the schedule.
@@ -18,7 +20,7 @@ import random
 import time
 from dataclasses import dataclass
 
-import httpx
+from collector.sources.http_client import HttpClient, HttpError
 
 ACCEPT = "text/plain; version=0.0.4"
 MAX_BACKOFF_S = 60.0
@@ -50,35 +52,26 @@ def next_delay(interval_s: float, failures: int, rng: random.Random) -> float:
     return min(interval_s * 2.0**failures, MAX_BACKOFF_S) * rng.uniform(0.8, 1.2)
 
 
-async def fetch(
-    client: httpx.AsyncClient, name: str, url: str, timeout_s: float, max_body_bytes: int
-) -> bytes:
+async def fetch(client: HttpClient, name: str, url: str, timeout_s: float, max_body_bytes: int) -> bytes:
     """GET ``url`` (rules 1–3) and return the raw body, or raise :class:`ScrapeError`.
 
     The body is not decoded here: bytes that are not UTF-8 cost only their own line, in the parser.
     """
     try:
-        return await asyncio.wait_for(_fetch(client, name, url, timeout_s, max_body_bytes), timeout_s)
+        return await asyncio.wait_for(_fetch(client, name, url, max_body_bytes), timeout_s)
     except TimeoutError as exc:
         raise ScrapeError(f"target {name}: no complete answer within {timeout_s:g} s") from exc
-    except httpx.HTTPError as exc:
+    except HttpError as exc:
+        raise ScrapeError(f"target {name}: {exc}") from exc
+    except OSError as exc:  # refused, unreachable, reset
         raise ScrapeError(f"target {name}: {type(exc).__name__}: {exc}") from exc
 
 
-async def _fetch(
-    client: httpx.AsyncClient, name: str, url: str, timeout_s: float, max_body_bytes: int
-) -> bytes:
-    async with client.stream("GET", url, headers={"Accept": ACCEPT}, timeout=timeout_s) as resp:
-        if resp.status_code != 200:
-            raise ScrapeError(f"target {name}: HTTP {resp.status_code} from {url}")
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in resp.aiter_bytes():
-            size += len(chunk)
-            if size > max_body_bytes:
-                raise ScrapeError(f"target {name}: body exceeds {max_body_bytes} bytes, abandoned")
-            chunks.append(chunk)
-    return b"".join(chunks)
+async def _fetch(client: HttpClient, name: str, url: str, max_body_bytes: int) -> bytes:
+    resp = await client.get(url, headers={"Accept": ACCEPT}, max_body_bytes=max_body_bytes)
+    if resp.status != 200:
+        raise ScrapeError(f"target {name}: HTTP {resp.status} from {url}")
+    return resp.body
 
 
 def now_ns() -> int:
