@@ -18,13 +18,18 @@ Rules:
 3. Batches never share a list they may mutate: :meth:`with_column` and :meth:`concat` build
    new lists and keep the others by reference, so a cached batch (a replay plan's identity
    columns) is reused safely.
+4. ``unique`` is a promise made by whoever built the batch: no two rows share the table's key
+   (a replay whose plan was checked, see ``collector.formats.scrape``). It survives
+   :meth:`with_column` and :meth:`take`; :meth:`concat` keeps it only when every part has it and
+   the parts' ``ts_ns`` ranges do not overlap (every raw key starts with ``ts_ns``). The store
+   then skips its own de-duplication of the batch.
 """
 
 from __future__ import annotations
 
 import array
 from collections.abc import Iterable, Sequence
-from itertools import accumulate, chain, repeat
+from itertools import accumulate, chain, pairwise, repeat
 from operator import is_not
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -38,12 +43,13 @@ _TYPECODE = {"BIGINT": "q", "INTEGER": "i", "DOUBLE": "d"}
 class Batch:
     """One table's rows as column lists (rules 1-3)."""
 
-    __slots__ = ("data", "height", "table")
+    __slots__ = ("data", "height", "table", "unique")
 
-    def __init__(self, table: str, data: dict[str, list[Any]], height: int):
+    def __init__(self, table: str, data: dict[str, list[Any]], height: int, *, unique: bool = False):
         self.table = table
         self.data = data
         self.height = height
+        self.unique = unique  # rule 4
 
     @property
     def columns(self) -> list[str]:
@@ -64,11 +70,13 @@ class Batch:
             raise KeyError(f"{self.table}: no column {name!r}")
         if len(values) != self.height:
             raise ValueError(f"{self.table}.{name}: {len(values)} values for {self.height} rows")
-        return Batch(self.table, {c: (values if c == name else v) for c, v in self.data.items()}, self.height)
+        data = {c: (values if c == name else v) for c, v in self.data.items()}
+        return Batch(self.table, data, self.height, unique=self.unique)
 
     def take(self, order: Sequence[int]) -> Batch:
         """The rows at positions ``order``, in that order."""
-        return Batch(self.table, {c: [v[i] for i in order] for c, v in self.data.items()}, len(order))
+        data = {c: [v[i] for i in order] for c, v in self.data.items()}
+        return Batch(self.table, data, len(order), unique=self.unique and len(set(order)) == len(order))
 
     def equals(self, other: object) -> bool:
         return (
@@ -91,7 +99,7 @@ class Batch:
             if part.table != first.table or part.columns != first.columns:
                 raise ValueError(f"Batch.concat: {part.table} {part.columns} does not match {first.table}")
         data = {c: list(chain.from_iterable(part.data[c] for part in items)) for c in first.data}
-        return Batch(first.table, data, sum(p.height for p in items))
+        return Batch(first.table, data, sum(p.height for p in items), unique=_disjoint(items))
 
     # -- export -------------------------------------------------------------------------------
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
@@ -114,6 +122,14 @@ class Batch:
 
         schema = TABLES[self.table].polars_schema()
         return pl.DataFrame([pl.Series(c, v, dtype=schema[c], strict=False) for c, v in self.data.items()])
+
+
+def _disjoint(parts: list[Batch]) -> bool:
+    """Rule 4: every part unique and no two parts' ``ts_ns`` ranges overlap."""
+    if not all(p.unique and "ts_ns" in p.data for p in parts):
+        return False
+    spans = sorted((min(p.data["ts_ns"]), max(p.data["ts_ns"])) for p in parts if p.height)
+    return all(prev[1] < nxt[0] for prev, nxt in pairwise(spans))
 
 
 def as_polars(rows: Any) -> Any:

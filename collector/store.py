@@ -231,6 +231,7 @@ class Store(RowCounts):
 
         1. Rows of the batch that share a key are one row (``DISTINCT ON`` the key; which of
            them is kept is not defined — a batch holding two values for one key is bad input).
+           A Batch marked ``unique`` (Batch rule 4: a checked replay) skips this step.
         2. A row whose key is already stored is not inserted: an anti-join against the rows
            stored in the batch's ``ts_ns`` range (every key starts with ``ts_ns``, so the scan
            skips row groups by their min/max).
@@ -249,7 +250,8 @@ class Store(RowCounts):
             match = " AND ".join(f"l.{k} = b.{k}" for k in spec.key)
             bound = f"l.{spec.key[0]} BETWEEN {lo} AND {hi}"
             where = f" WHERE NOT EXISTS (SELECT 1 FROM {table} AS l WHERE {bound} AND {match})"
-        distinct = f"(SELECT DISTINCT ON ({key}) * FROM _stream) AS b"
+        rows = "_stream AS b" if isinstance(batch, Batch) and batch.unique else None
+        distinct = rows or f"(SELECT DISTINCT ON ({key}) * FROM _stream) AS b"
         sql = f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {distinct}{where}"
         stored = _run(cur, sql, batch)
         self._newest[table] = hi if newest is None else max(newest, hi)

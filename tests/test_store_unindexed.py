@@ -85,3 +85,54 @@ def test_a_file_made_with_primary_keys_keeps_them(tmp_path: Path) -> None:
     assert store.write("gpu_samples", _gpu([1, 2], [1.0, 2.0])) == 2
     assert store.write("gpu_samples", _gpu([2, 3], [2.0, 3.0])) == 1  # the key index refuses ts 2
     assert [r[0] for r in _rows(store)] == [1, 2, 3]
+
+
+def test_a_batch_promised_unique_skips_the_dedup_and_concat_keeps_the_promise_only_when_true(
+    tmp_path: Path,
+) -> None:
+    from collector.batch import Batch
+
+    a, b = _gpu([10, 10], [1.0, 2.0], uuid="GPU-0"), _gpu([20], [3.0])
+    assert isinstance(a, Batch) and isinstance(b, Batch)
+    a = a.take([0])  # one row: unique, but nobody said so
+    assert not a.unique
+    a.unique = b.unique = True
+    assert Batch.concat([a, b]).unique  # ts 10 and 20: no key can repeat across the parts
+    assert Batch.concat([b, a]).unique
+    assert not Batch.concat([a, a]).unique  # the same ts twice: it could
+    assert Batch.concat([a, b]).with_column("value", [5.0, 6.0]).unique
+    assert not Batch.concat([a, b]).take([0, 0]).unique
+
+    store = Store(tmp_path / "s.duckdb")
+    assert store.write("gpu_samples", Batch.concat([a, b])) == 2
+    # a false promise is the builder's bug, not bad input: the store believes it (no dedup pass)
+    liar = _gpu([30, 30], [1.0, 2.0])
+    assert isinstance(liar, Batch)
+    liar.unique = True
+    assert store.write("gpu_samples", liar) == 2
+    honest = _gpu([40, 40], [1.0, 2.0])
+    assert store.write("gpu_samples", honest) == 1
+
+
+def test_replayed_scrapes_are_promised_unique_only_when_their_keys_are(tmp_path: Path) -> None:
+    from collector.formats.scrape import ScrapeCache, parse_scrape, replay_scrape
+    from tests.conftest import DATA
+
+    body = (DATA / "dcgm" / "h100x8_k8s_pod_labels.prom").read_text()
+    line = next(x for x in body.splitlines() if x.startswith("DCGM_FI_DEV_POWER_USAGE{"))
+    # the same GPU's power again under another label spelling: one canonical key, two series
+    twin = line.replace("UUID=", "uuid=").replace("Hostname=", "hostname=")
+    assert twin != line
+    for text, unique in ((body, True), (body.replace(line, f"{line}\n{twin}"), False)):
+        cache = ScrapeCache()
+        parse_scrape(text, kind="dcgm", ts_ns=1, host="n", source="t", cache=cache)
+        moved = text.replace(" 68.347000", " 70.0").encode()
+        replayed = replay_scrape(moved, kind="dcgm", ts_ns=2, host="n", source="t", cache=cache)
+        assert replayed is not None, "the body must replay for this test to mean anything"
+        rows = replayed.batches["gpu_samples"]
+        assert getattr(rows, "unique", None) is unique
+        store = Store(tmp_path / f"{unique}.duckdb")
+        stored = store.write("gpu_samples", rows)
+        sql = "SELECT count(DISTINCT (host, uuid, metric, link)) FROM gpu_samples"
+        keys = store.con.execute(sql).fetchone()
+        assert keys is not None and stored == keys[0]

@@ -51,6 +51,7 @@ from collector.formats import SNIFF_BYTES, FileFormat, IngestContext, Parsed
 from collector.formats.dcgm import BLANK_MIN, GpuMemo, is_gpu_metric, to_gpu_samples
 from collector.formats.engine import EngineMemo, engine_of, to_engine_samples
 from collector.formats.exposition import MAX_BODY_CHARS, ParseCache, Skeleton, parse
+from collector.records import TABLES
 
 Kind = Literal["dcgm", "engine", "auto"]
 
@@ -71,6 +72,7 @@ class _Plan:
     scale: list[float]
     unit_rows: list[int]  # rows whose value must lie in 0..1 (KV usage)
     blank_check: bool  # DCGM rows: a raw value ≥ BLANK_MIN is a blank sentinel
+    unique: bool  # no two rows share the table's key: replayed batches say so (Batch rule 4)
 
     @cached_property
     def _pick(self) -> Any:
@@ -216,7 +218,7 @@ def _replayed(replay: _Replay, texts: list[str], ts_ns: int) -> Parsed | None:
         new: dict[str, list[Any]] = {"ts_ns": [ts_ns] * len(scaled), VALUE_COLUMN[table]: scaled}
         # the identity lists are shared with the plan, never copied (Batch rule 3)
         data = {name: new[name] if name in new else plan.ids[name] for name in plan.columns}
-        result.add(table, Batch(plan.table, data, len(scaled)))
+        result.add(table, Batch(plan.table, data, len(scaled), unique=plan.unique))
     return result
 
 
@@ -242,8 +244,10 @@ def _learned(
         index, scale, unit = zip(*trace, strict=True) if trace else ((), (), ())
         ids = {c: v for c, v in frame.data.items() if c not in (VALUE_COLUMN[table], "ts_ns")}
         unit_rows = [r for r, flag in enumerate(unit) if flag]
+        identity = [ids[k] for k in TABLES[table].key if k != "ts_ns"]  # one ts_ns per scrape
+        unique = len(set(zip(*identity, strict=True))) == frame.height
         plans[table] = _Plan(
-            table, ids, frame.columns, list(index), list(scale), unit_rows, table == "gpu_samples"
+            table, ids, frame.columns, list(index), list(scale), unit_rows, table == "gpu_samples", unique
         )
     replay = _Replay(key, skeleton, plans)
     again = _replayed(replay, texts, ts_ns)
