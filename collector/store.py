@@ -119,14 +119,14 @@ class Store(RowCounts):
         if memory_limit:
             config["memory_limit"] = memory_limit
         if not read_only:
-            config["default_block_size"] = BLOCK_SIZE  # used only when the file is created
             config["wal_autocheckpoint"] = WAL_AUTOCHECKPOINT
-        self._use = ""  # the statement that makes a new cursor see the store's tables
+        attached = not read_only and self.path != ":memory:"
+        self._use = f"USE {ATTACHED}" if attached else ""  # makes a new cursor see the store's tables
         try:
-            if read_only or self.path == ":memory:":
-                self.con = duckdb.connect(self.path, read_only=read_only, config=config)
-            else:
+            if attached:
                 self.con = self._attach(config)
+            else:
+                self.con = duckdb.connect(self.path, read_only=read_only, config=config)
         except duckdb.Error as exc:
             raise StoreError(f"store {self.path}: cannot open ({exc})") from exc
         if not read_only:
@@ -138,19 +138,17 @@ class Store(RowCounts):
     def _attach(self, config: dict[str, Any]) -> duckdb.DuckDBPyConnection:
         """A writable file store, attached with :data:`ROW_GROUP_SIZE` (and :data:`BLOCK_SIZE`
         when the file is new) and made the connection's default catalog."""
-        config = {k: v for k, v in config.items() if k != "default_block_size"}
-        config["temp_directory"] = self.path + ".tmp"  # DuckDB's own default for a file store
+        config = {**config, "temp_directory": self.path + ".tmp"}  # DuckDB's own default for a file
         options = [f"ROW_GROUP_SIZE {ROW_GROUP_SIZE}"]
         if not Path(self.path).exists():
             options.append(f"BLOCK_SIZE {BLOCK_SIZE}")
         con = duckdb.connect(":memory:", config=config)
         try:
             con.execute(f"ATTACH {_text(self.path)} AS {ATTACHED} ({', '.join(options)})")
-            con.execute(f"USE {ATTACHED}")
+            con.execute(self._use)
         except duckdb.Error:
             con.close()
             raise
-        self._use = f"USE {ATTACHED}"
         return con
 
     def _new_cursor(self) -> duckdb.DuckDBPyConnection:
@@ -250,9 +248,11 @@ class Store(RowCounts):
             match = " AND ".join(f"l.{k} = b.{k}" for k in spec.key)
             bound = f"l.{spec.key[0]} BETWEEN {lo} AND {hi}"
             where = f" WHERE NOT EXISTS (SELECT 1 FROM {table} AS l WHERE {bound} AND {match})"
-        rows = "_stream AS b" if isinstance(batch, Batch) and batch.unique else None
-        distinct = rows or f"(SELECT DISTINCT ON ({key}) * FROM _stream) AS b"
-        sql = f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {distinct}{where}"
+        if isinstance(batch, Batch) and batch.unique:
+            rows = "_stream AS b"
+        else:
+            rows = f"(SELECT DISTINCT ON ({key}) * FROM _stream) AS b"
+        sql = f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {rows}{where}"
         stored = _run(cur, sql, batch)
         self._newest[table] = hi if newest is None else max(newest, hi)
         return stored

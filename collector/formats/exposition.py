@@ -218,7 +218,7 @@ def body_shape(text: str) -> tuple[Shape, list[str]] | None:
 _VALUE_TEXTS = re.compile(r"[^ \t\r\n_#{}]+(?:\n[^ \t\r\n_#{}]+)*")  # value tokens, one per line
 
 
-def _picker(index: list[int]) -> Any:
+def picker(index: list[int]) -> Any:
     """``seq -> tuple of seq[i] for i in index`` in C (itemgetter of one index gives no tuple)."""
     if len(index) > 1:
         return itemgetter(*index)
@@ -233,8 +233,8 @@ class Skeleton:
     def __init__(self, lines: list[str], samples: list[int]):
         chosen = set(samples)
         self.lines = len(lines)
-        self._samples_at = _picker(samples)
-        self._others_at = _picker([i for i in range(len(lines)) if i not in chosen])
+        self._samples_at = picker(samples)
+        self._others_at = picker([i for i in range(len(lines)) if i not in chosen])
         self.others: tuple[str, ...] = self._others_at(lines)  # comment and empty lines, whole
         self.prefixes = tuple(line.rpartition(" ")[0] for line in self._samples_at(lines))
 

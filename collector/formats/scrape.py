@@ -41,7 +41,7 @@ import gzip
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from operator import itemgetter, mul
+from operator import mul
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,7 +50,7 @@ from collector.errors import ParseError, Problem
 from collector.formats import SNIFF_BYTES, FileFormat, IngestContext, Parsed
 from collector.formats.dcgm import BLANK_MIN, GpuMemo, is_gpu_metric, to_gpu_samples
 from collector.formats.engine import EngineMemo, engine_of, to_engine_samples
-from collector.formats.exposition import MAX_BODY_CHARS, ParseCache, Skeleton, parse
+from collector.formats.exposition import MAX_BODY_CHARS, ParseCache, Skeleton, parse, picker
 from collector.records import TABLES
 
 Kind = Literal["dcgm", "engine", "auto"]
@@ -76,7 +76,7 @@ class _Plan:
 
     @cached_property
     def _pick(self) -> Any:
-        return itemgetter(*self.index) if len(self.index) > 1 else None
+        return picker(self.index)
 
     @cached_property
     def _unscaled(self) -> bool:
@@ -84,9 +84,7 @@ class _Plan:
 
     def raw(self, values: list[float]) -> list[float]:
         """The body's values in row order."""
-        if self._pick is not None:
-            return list(self._pick(values))
-        return [values[i] for i in self.index]
+        return list(self._pick(values))
 
     def scaled(self, raw: list[float]) -> list[float]:
         return raw if self._unscaled else list(map(mul, raw, self.scale))

@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 MAX_HEAD_BYTES = 64 * 1024
 READ_CHUNK = 256 * 1024
 USER_AGENT = "ioe-sidecar"
+DEFAULT_PORT = {"http": 80, "https": 443}
 
 
 class HttpError(RuntimeError):
@@ -64,8 +65,7 @@ class _Target:
     @property
     def host_header(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        default = 443 if self.scheme == "https" else 80
-        return host if self.port == default else f"{host}:{self.port}"
+        return host if self.port == DEFAULT_PORT[self.scheme] else f"{host}:{self.port}"
 
 
 def _target(url: str) -> _Target:
@@ -75,12 +75,12 @@ def _target(url: str) -> _Target:
         port = parts.port
     except ValueError as exc:
         raise HttpError(f"bad URL {url!r}: {exc}") from exc
-    if parts.scheme not in ("http", "https"):
+    if parts.scheme not in DEFAULT_PORT:
         raise HttpError(f"bad URL {url!r}: only http:// and https:// are scraped")
     if not parts.hostname:
         raise HttpError(f"bad URL {url!r}: no host")
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return _Target(parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path)
+    return _Target(parts.scheme, parts.hostname, port or DEFAULT_PORT[parts.scheme], path)
 
 
 class _Connection:
@@ -142,8 +142,6 @@ class HttpClient:
             body = _decoded(body, headers.get("content-encoding", ""), cap)
             keep = framed and version == "HTTP/1.1" and "close" not in headers.get("connection", "").lower()
             return Response(status, headers, body)
-        except (_Stale, HttpError):
-            raise
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             raise HttpError(f"connection lost mid-response ({type(exc).__name__})") from exc
         finally:
