@@ -127,6 +127,7 @@ def test_stale_keep_alive_connection_is_retried_once_on_a_new_one() -> None:
         (OK + b"no colon here\r\n\r\n", "malformed response header line: 'no colon here'"),
         (OK + b"Content-Length: -3\r\n\r\n", "bad Content-Length '-3'"),
         (OK + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size line"),
+        (OK + b"Transfer-Encoding: chunked\r\n\r\n" + b"1" * (MAX_HEAD_BYTES + 10), "chunked-body line over"),
         (OK + b"Content-Length: 10\r\n\r\nabc", "connection lost mid-response"),
         (OK + b"X: " + b"a" * (MAX_HEAD_BYTES + 10) + b"\r\n\r\n", f"header section over {MAX_HEAD_BYTES}"),
         (OK + b"Content-Encoding: br\r\nContent-Length: 1\r\n\r\nx", "unsupported Content-Encoding 'br'"),

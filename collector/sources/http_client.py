@@ -144,6 +144,8 @@ class HttpClient:
             return Response(status, headers, body)
         except (ConnectionError, asyncio.IncompleteReadError) as exc:
             raise HttpError(f"connection lost mid-response ({type(exc).__name__})") from exc
+        except asyncio.LimitOverrunError as exc:  # a chunk-size or trailer line without its CRLF
+            raise HttpError(f"a chunked-body line over {MAX_HEAD_BYTES} bytes") from exc
         finally:
             if keep:
                 conn.used = True
