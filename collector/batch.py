@@ -106,9 +106,9 @@ class Batch:
         """The rows as an Arrow C stream (one struct array), for DuckDB's replacement scan."""
         import nanoarrow as na
 
-        from collector.records import TABLES
+        from collector.records import spec_of
 
-        types = dict(TABLES[self.table].columns)
+        types = dict(spec_of(self.table).columns)
         children = [_arrow_column(na, self.table, c, types[c], v, self.height) for c, v in self.data.items()]
         schema = na.struct({c: _na_type(na, types[c]) for c in self.data})
         struct = na.c_array_from_buffers(schema, self.height, [None], children=children)

@@ -50,10 +50,18 @@ class Table:
     # False for the raw sample tables: their key is kept unique by the store's insert (an
     # anti-join), not by a PRIMARY KEY index, which was ~77 % of a store file (collector.store).
     indexed: bool = True
+    # The value columns of a raw sample table kept in the series layout of a store file
+    # (collector.series); empty for every other table.
+    values: tuple[str, ...] = ()
 
     @property
     def column_names(self) -> list[str]:
         return [c for c, _ in self.columns]
+
+    @property
+    def series_columns(self) -> tuple[str, ...]:
+        """The descriptive columns of a series-layout table: all but ``ts_ns`` and the values."""
+        return tuple(c for c, _ in self.columns if c != "ts_ns" and c not in self.values)
 
     def polars_schema(self) -> dict[str, Any]:
         import polars as pl
@@ -324,10 +332,12 @@ HISTOGRAM_BUCKETS_1M = _t(
     ("cumulative_count", "DOUBLE"),
 )
 
-# Raw samples: hundreds of rows a second per node, kept unique without an index (see Table.indexed).
-GPU_SAMPLES, ENGINE_SAMPLES, HISTOGRAM_BUCKETS, FABRIC_SAMPLES = (
-    replace(t, indexed=False) for t in (GPU_SAMPLES, ENGINE_SAMPLES, HISTOGRAM_BUCKETS, FABRIC_SAMPLES)
-)
+# Raw samples: hundreds of rows a second per node, kept unique without an index (see Table.indexed)
+# and, in a store file, as series plus points (collector.series).
+GPU_SAMPLES = replace(GPU_SAMPLES, indexed=False, values=("value",))
+ENGINE_SAMPLES = replace(ENGINE_SAMPLES, indexed=False, values=("value", "rate_per_s"))
+HISTOGRAM_BUCKETS = replace(HISTOGRAM_BUCKETS, indexed=False, values=("cumulative_count",))
+FABRIC_SAMPLES = replace(FABRIC_SAMPLES, indexed=False, values=("value", "rate_per_s"))
 
 TABLES: dict[str, Table] = {
     t.name: t
@@ -351,6 +361,49 @@ TABLES: dict[str, Table] = {
 
 # Tables whose natural key is replaced rather than ignored on a re-send (latest state wins).
 REPLACE_TABLES = frozenset({"targets", "deployments"})
+
+
+def series_name(table: str) -> str:
+    return f"{table}_series"
+
+
+def points_name(table: str) -> str:
+    return f"{table}_points"
+
+
+def series_table(spec: Table) -> Table:
+    """``T_series`` of a series-layout table: ``series_id`` and the descriptive columns."""
+    cols = tuple((c, t) for c, t in spec.columns if c in spec.series_columns)
+    return Table(
+        name=series_name(spec.name),
+        columns=(("series_id", "BIGINT"), *cols),
+        key=("series_id",),
+        doc=f"The series of {spec.name}: each description once (collector.series).",
+    )
+
+
+def points_table(spec: Table) -> Table:
+    """``T_points`` of a series-layout table: ``ts_ns``, ``series_id`` and the values, unindexed."""
+    values = tuple((c, t) for c, t in spec.columns if c in spec.values)
+    return Table(
+        name=points_name(spec.name),
+        columns=(("ts_ns", "BIGINT"), ("series_id", "BIGINT"), *values),
+        key=("ts_ns", "series_id"),
+        doc=f"The points of {spec.name} (collector.series).",
+        indexed=False,
+    )
+
+
+# The physical tables behind the series-layout views of a store file (not in TABLES: readers
+# and the DuckLake store see only the logical tables).
+LAYOUT_TABLES: dict[str, Table] = {
+    t.name: t for spec in TABLES.values() if spec.values for t in (series_table(spec), points_table(spec))
+}
+
+
+def spec_of(name: str) -> Table:
+    """The :class:`Table` named ``name``: a store table or a layout table behind one."""
+    return TABLES.get(name) or LAYOUT_TABLES[name]
 
 
 def batch(table: str, rows: dict[str, list[Any]] | list[dict[str, Any]]) -> Batch:

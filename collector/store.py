@@ -8,8 +8,9 @@ inserts nothing new. ``targets`` and ``deployments`` keep their latest state ins
 The small tables enforce their key with a PRIMARY KEY. The four raw sample tables do not
 (``Table.indexed``): there the index was ~77 % of the file and half the insert CPU (2 days of
 one node's samples: ~12 GB with it, ~3 GB without; ``bench/results/sidecar.md``), so
-:meth:`Store._insert_unindexed` keeps the key unique instead. A file created before keeps its
-indexes and is written through them.
+:meth:`Store._insert_unindexed` keeps the key unique instead. In a store file they are views
+over a series table and a points table (:mod:`collector.series`): each description is stored
+once, and a write appends ``(ts_ns, series_id, values)``.
 
 The schema is versioned in ``ioe_schema``: a new file is created at the current version, an
 older file is brought forward by the steps in :data:`MIGRATIONS`.
@@ -28,20 +29,22 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 
+from collector import series
 from collector.batch import Batch, as_polars
-from collector.records import REPLACE_TABLES, TABLES
+from collector.records import REPLACE_TABLES, TABLES, Table, points_name, points_table
 
 if TYPE_CHECKING:
     import polars as pl
     import pyarrow as pa
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 NS_PER_MIN = 60_000_000_000
 # Block size of a new store file. DuckDB keeps rows appended since the last checkpoint in
 # memory, one block per column segment: 37 columns of the raw tables at DuckDB's default 256 KiB
@@ -54,16 +57,21 @@ BLOCK_SIZE = 64 * 1024
 # ~2 min and +45 MB resident. At 4 MiB its DuckDB memory stays at 15-24 MB (1 MiB checkpoints so
 # often that inserts cost ~50 % more CPU). Measured in bench/results/sidecar.md.
 WAL_AUTOCHECKPOINT = "4MB"
-# Rows per row group of a writable file store (DuckDB's default: 122,880). A checkpoint rewrites
-# the table's last, partly filled row group whole, so with the default a collector's checkpoints
-# cost more the fuller that group gets: 7.4 -> 13.7 ms of CPU per 1 Hz cycle over 20 minutes, and
-# flat at ~7.8 ms with 16,384 (bench/results/sidecar.md, round 4). DuckDB takes it as an ATTACH
-# option of one session, not as a property of the file, so a writable store is attached.
-ROW_GROUP_SIZE = 16_384
+# Row groups keep DuckDB's default size (122,880 rows). Round 4 tried 16,384 to make a collector's
+# checkpoints cheaper (each rewrites the last, partly filled group), but DuckDB keeps buffers of
+# every small group pinned: a 16MB-capped store ran out of memory after ~17 minutes of one node's
+# samples, and a checkpoint freed nothing (bench/results/sidecar.md, round 5). A writable file is
+# attached (BLOCK_SIZE is an ATTACH option) and made the connection's default catalog.
 ATTACHED = "store"  # the catalog name of an attached store file
+# How often series without a point left are deleted (collector.series rule 3): the check scans
+# every point, so it runs hourly, not at every maintenance pass.
+SERIES_PRUNE_NS = 3600 * 1_000_000_000
 
-# (from_version, statements bringing a store from from_version to from_version + 1).
-MIGRATIONS: list[tuple[int, list[str]]] = []
+# (from_version, statements bringing a store from from_version to from_version + 1). Shared with
+# the DuckLake store, so they change logical tables only.
+# 1 -> 2: the raw sample tables of a store file moved to the series layout. That is physical (a
+#   DuckLake keeps wide tables), so it has no statement here: Store._layout converts a file.
+MIGRATIONS: list[tuple[int, list[str]]] = [(1, [])]
 
 
 def _cpus() -> int:
@@ -129,22 +137,20 @@ class Store(RowCounts):
                 self.con = duckdb.connect(self.path, read_only=read_only, config=config)
         except duckdb.Error as exc:
             raise StoreError(f"store {self.path}: cannot open ({exc})") from exc
+        self._series = {name: series.SeriesIndex(t) for name, t in TABLES.items() if t.values}
         if not read_only:
             self._migrate()
-        self._indexed = self._primary_keyed()
-        self._newest: dict[str, int | None] = {}  # unindexed table -> its largest ts_ns stored
+        self._newest: dict[str, int | None] = {}  # points table -> its largest ts_ns stored
         self._writer = self._new_cursor()
 
     def _attach(self, config: dict[str, Any]) -> duckdb.DuckDBPyConnection:
-        """A writable file store, attached with :data:`ROW_GROUP_SIZE` (and :data:`BLOCK_SIZE`
-        when the file is new) and made the connection's default catalog."""
+        """A writable file store, attached (with :data:`BLOCK_SIZE` when the file is new) and made
+        the connection's default catalog."""
         config = {**config, "temp_directory": self.path + ".tmp"}  # DuckDB's own default for a file
-        options = [f"ROW_GROUP_SIZE {ROW_GROUP_SIZE}"]
-        if not Path(self.path).exists():
-            options.append(f"BLOCK_SIZE {BLOCK_SIZE}")
+        options = "" if Path(self.path).exists() else f" (BLOCK_SIZE {BLOCK_SIZE})"
         con = duckdb.connect(":memory:", config=config)
         try:
-            con.execute(f"ATTACH {_text(self.path)} AS {ATTACHED} ({', '.join(options)})")
+            con.execute(f"ATTACH {_text(self.path)} AS {ATTACHED}{options}")
             con.execute(self._use)
         except duckdb.Error:
             con.close()
@@ -177,8 +183,7 @@ class Store(RowCounts):
             self.con.execute("CREATE TABLE IF NOT EXISTS ioe_schema (version INTEGER, applied_ns BIGINT)")
             self.con.execute("CREATE TABLE IF NOT EXISTS ioe_state (key VARCHAR PRIMARY KEY, value BIGINT)")
             if current == 0:
-                for table in TABLES.values():
-                    self.con.execute(table.ddl())
+                self._layout()
                 self._stamp(SCHEMA_VERSION)
                 return
             for from_version, statements in MIGRATIONS:
@@ -186,19 +191,39 @@ class Store(RowCounts):
                     for sql in statements:
                         self.con.execute(sql)
                     self._stamp(from_version + 1)
-            for table in TABLES.values():  # tables added since: created empty
+            self._layout()  # tables added since: created empty
+
+    def _layout(self) -> None:
+        """Every table of :data:`TABLES`: created when missing; a raw table in the series layout,
+        converted from a wide base table in one transaction (collector.series rule 4)."""
+        kinds = dict(
+            self.con.execute(
+                "SELECT table_name, table_type FROM information_schema.tables "
+                "WHERE table_catalog = current_database() AND table_schema = current_schema()"
+            ).fetchall()
+        )
+        for name, table in TABLES.items():
+            if not table.values:
                 self.con.execute(table.ddl())
+            elif kinds.get(name) == "BASE TABLE":
+                self._convert(table)
+            else:
+                for sql in series.create_statements(table):
+                    self.con.execute(sql)
+
+    def _convert(self, table: Table) -> None:
+        log.info("store %s: converting %s to the series layout", self.path, table.name)
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            for sql in series.convert_statements(table):
+                self.con.execute(sql)
+        except duckdb.Error:
+            self.con.execute("ROLLBACK")
+            raise
+        self.con.execute("COMMIT")
 
     def _stamp(self, version: int) -> None:
         self.con.execute(f"INSERT INTO ioe_schema VALUES ({int(version)}, {time.time_ns()})")
-
-    def _primary_keyed(self) -> frozenset[str]:
-        """Tables of this file that have a PRIMARY KEY. Files made before the raw sample tables
-        lost theirs keep them, and their rows keep being de-duplicated by it."""
-        rows = self.con.execute(
-            "SELECT table_name FROM duckdb_constraints() WHERE constraint_type = 'PRIMARY KEY'"
-        ).fetchall()
-        return frozenset(r[0] for r in rows)
 
     # -- writes ---------------------------------------------------------------------------
     def write(self, table: str, batch: Batch | pl.DataFrame | pa.Table) -> int:
@@ -217,13 +242,42 @@ class Store(RowCounts):
         if missing:
             raise StoreError(f"{table}: batch lacks columns {missing}")
         with self._lock:
-            cur = self._writer
-            if table in self._indexed or not spec.key:
-                return _insert(cur, table, ", ".join(spec.column_names), batch)
-            return self._insert_unindexed(cur, table, batch)
+            return self._retrying(f"write to {table}", lambda: self._insert(spec, batch))
 
-    def _insert_unindexed(self, cur: duckdb.DuckDBPyConnection, table: str, batch: Any) -> int:
-        """Insert into a raw sample table whose key has no index (``Table.indexed`` False).
+    def _retrying(self, what: str, work: Callable[[], _T]) -> _T:
+        """``work``, run once more after a checkpoint if DuckDB's buffer pool is full.
+
+        Rows appended since the last checkpoint stay pinned in memory until it writes them out;
+        under a small ``memory_limit`` a statement can find the pool full of them. The failed
+        statement wrote nothing (autocommit) and every write and maintenance step is idempotent,
+        so running it again after the checkpoint gives the same rows."""
+        try:
+            return work()
+        except duckdb.OutOfMemoryException as exc:
+            log.warning("store %s: %s found memory full (%s); checkpoint, retry", self.path, what, exc)
+            self.con.execute("CHECKPOINT")
+            return work()
+
+    def _insert(self, spec: Table, batch: Any) -> int:
+        cur = self._writer
+        if spec.values:
+            return self._insert_points(cur, spec, batch)
+        if spec.indexed or not spec.key:
+            return _insert(cur, spec.name, ", ".join(spec.column_names), batch)
+        return self._insert_unindexed(cur, spec, batch)
+
+    def _insert_points(self, cur: duckdb.DuckDBPyConnection, spec: Table, batch: Any) -> int:
+        """A raw table's rows as points of its series (collector.series rules 1-2)."""
+        cols, height = _columns(batch, spec.column_names)
+        ids = self._series[spec.name].ids(cur, cols, height)
+        target = points_table(spec)
+        data = {"ts_ns": cols["ts_ns"], "series_id": ids, **{c: cols[c] for c in spec.values}}
+        unique = isinstance(batch, Batch) and batch.unique
+        return self._insert_unindexed(cur, target, Batch(target.name, data, height, unique=unique))
+
+    def _insert_unindexed(self, cur: duckdb.DuckDBPyConnection, spec: Table, batch: Any) -> int:
+        """Insert into a table whose key has no index (``Table.indexed`` False): the points of a
+        raw table.
 
         Rules (the same rows an index would keep):
 
@@ -236,7 +290,7 @@ class Store(RowCounts):
         3. A batch entirely newer than the largest ``ts_ns`` stored cannot repeat a stored key,
            so rule 2 is skipped: a sidecar's scrapes (always newer) pay only for rule 1.
         """
-        spec = TABLES[table]
+        table = spec.name
         cols, key = ", ".join(spec.column_names), ", ".join(spec.key)
         lo, hi = _ts_range(batch, spec.key[0])
         if table not in self._newest:
@@ -277,21 +331,27 @@ class Store(RowCounts):
         in their rollup (``INSERT OR REPLACE`` on the minute's key).
         """
         now_ns = time.time_ns() if now_ns is None else now_ns
-        retention = retention or Retention()
+        with self._lock:
+            return self._retrying("maintenance", lambda: self._maintain(now_ns, retention or Retention()))
+
+    def _maintain(self, now_ns: int, retention: Retention) -> dict[str, int]:
         cutoff = now_ns - now_ns % NS_PER_MIN  # start of the current, incomplete minute
         done: dict[str, int] = {}
-        with self._lock:
-            since = max(self._state("rollup_watermark_ns") - 2 * NS_PER_MIN, 0)
-            for name, sql in _ROLLUPS.items():
-                got = self.con.execute(sql.format(since=int(since), cutoff=int(cutoff))).fetchone()
-                done[name] = int(got[0]) if got else 0
-            self._set_state("rollup_watermark_ns", cutoff)
-            raw_before = min(now_ns - int(retention.raw_s * 1e9), cutoff)
-            for table in ("gpu_samples", "engine_samples", "histogram_buckets", "fabric_samples"):
-                done[f"deleted_{table}"] = self._delete_before(table, "ts_ns", raw_before)
-            roll_before = now_ns - int(retention.rollup_s * 1e9)
-            for table in ("gpu_samples_1m", "engine_samples_1m", "histogram_buckets_1m"):
-                done[f"deleted_{table}"] = self._delete_before(table, "minute_ns", roll_before)
+        since = max(self._state("rollup_watermark_ns") - 2 * NS_PER_MIN, 0)
+        for name, sql in _ROLLUPS.items():
+            got = self.con.execute(sql.format(since=int(since), cutoff=int(cutoff))).fetchone()
+            done[name] = int(got[0]) if got else 0
+        self._set_state("rollup_watermark_ns", cutoff)
+        raw_before = min(now_ns - int(retention.raw_s * 1e9), cutoff)
+        for table in ("gpu_samples", "engine_samples", "histogram_buckets", "fabric_samples"):
+            done[f"deleted_{table}"] = self._delete_before(points_name(table), "ts_ns", raw_before)
+        if now_ns - self._state("series_pruned_ns") >= SERIES_PRUNE_NS:
+            for name, index in self._series.items():
+                done[f"pruned_{name}_series"] = index.prune(self.con)
+            self._set_state("series_pruned_ns", now_ns)
+        roll_before = now_ns - int(retention.rollup_s * 1e9)
+        for table in ("gpu_samples_1m", "engine_samples_1m", "histogram_buckets_1m"):
+            done[f"deleted_{table}"] = self._delete_before(table, "minute_ns", roll_before)
         return done
 
     def _delete_before(self, table: str, column: str, before_ns: int) -> int:
@@ -349,6 +409,15 @@ def _insert(
         return _run(cur, sql, batch)
     except duckdb.ConstraintException:
         return _run(cur, sql.replace("INSERT", "INSERT OR IGNORE", 1), batch)
+
+
+def _columns(batch: Any, names: list[str]) -> tuple[dict[str, Any], int]:
+    """``names`` of a Batch, polars frame or Arrow table as Python sequences, and the height."""
+    if isinstance(batch, Batch):
+        return batch.data, batch.height
+    if hasattr(batch, "column_names"):  # a pyarrow table
+        return {c: batch.column(c).to_pylist() for c in names}, batch.num_rows
+    return {c: batch.get_column(c).to_list() for c in names}, batch.height
 
 
 def _ts_range(batch: Any, column: str) -> tuple[int, int]:

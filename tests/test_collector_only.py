@@ -17,7 +17,7 @@ import yaml
 from collector.agent import open_store
 from collector.health import HealthServer
 from collector.selfmetrics import SelfMetrics, _MemoryCollector
-from collector.store import Store, StoreError
+from collector.store import SCHEMA_VERSION, Store, StoreError
 from ioe import cli
 from ioe.settings import Settings
 from tests.conftest import DATA, free_port
@@ -64,7 +64,7 @@ def test_collector_only_sidecar_serves_health_and_metrics_and_stores(tmp_path: P
         wait_until(lambda: _stored(port) > 500, 60, "rows stored")
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
-        assert httpx.get(f"{base}/readyz").json() == {"status": "ready", "schema_version": 1}
+        assert httpx.get(f"{base}/readyz").json() == {"status": "ready", "schema_version": SCHEMA_VERSION}
         metrics = httpx.get(f"{base}/metrics")
         assert metrics.headers["content-type"].startswith("text/plain; version=")
         assert 'ioe_target_up{kind="dcgm",target="dcgm"} 1.0' in metrics.text

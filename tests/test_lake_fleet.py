@@ -22,7 +22,7 @@ import pytest
 from collector.lake import LakeConfig, LakeError, LakeStore, open_store
 from collector.lake_spool import SpoolError
 from collector.records import frame
-from collector.store import NS_PER_MIN, Retention
+from collector.store import NS_PER_MIN, SCHEMA_VERSION, Retention
 from ioe.settings import Settings
 from tests.conftest import ROOT, require_component
 from tests.lake_writer import METRIC, batch_frame
@@ -102,7 +102,7 @@ def _check_host(store: LakeStore, host: str, batches: set[int]) -> None:
 
 def test_replayed_batch_inserts_nothing_and_null_keys_are_refused(lake: dict[str, str]) -> None:
     with LakeStore(_cfg(lake, lake["spool"], background=False)) as st:
-        assert st.schema_version() == 1
+        assert st.schema_version() == SCHEMA_VERSION
         batch = batch_frame("n1", 0, ROWS)
         assert st.write("gpu_samples", batch) == ROWS
         assert st.flush() == {"gpu_samples": ROWS}

@@ -7,7 +7,7 @@ import duckdb
 import pytest
 
 import collector.store as store_mod
-from collector.records import GPU_SAMPLES, TABLES
+from collector.records import TABLES, TARGETS
 from collector.store import Store
 
 
@@ -16,14 +16,14 @@ def test_older_store_is_migrated_in_order(tmp_path, monkeypatch: pytest.MonkeyPa
     Store(path).close()  # a store at today's version, playing the part of "v1"
     v = store_mod.SCHEMA_VERSION
     steps = [
-        (v, [f"ALTER TABLE {GPU_SAMPLES.name} ADD COLUMN note VARCHAR"]),
-        (v + 1, [f"UPDATE {GPU_SAMPLES.name} SET note = 'migrated'"]),
+        (v, [f"ALTER TABLE {TARGETS.name} ADD COLUMN note VARCHAR"]),
+        (v + 1, [f"UPDATE {TARGETS.name} SET note = 'migrated'"]),
     ]
     monkeypatch.setattr(store_mod, "MIGRATIONS", steps)
     monkeypatch.setattr(store_mod, "SCHEMA_VERSION", v + 2)
     with Store(path) as st:
         assert st.schema_version() == v + 2
-        cols = [r[0] for r in st.con.execute(f"DESCRIBE {GPU_SAMPLES.name}").fetchall()]
+        cols = [r[0] for r in st.con.execute(f"DESCRIBE {TARGETS.name}").fetchall()]
         assert "note" in cols
         stamped = [r[0] for r in st.con.execute("SELECT version FROM ioe_schema ORDER BY version").fetchall()]
     assert stamped == [v, v + 1, v + 2]

@@ -1,5 +1,5 @@
 """Raw sample tables keep their natural key unique without a PRIMARY KEY index (Store rules 1-3 of
-``_insert_unindexed``), and files made when they had one keep using it."""
+``_insert_unindexed``), and files made when they had one are converted and keep it unique."""
 
 from __future__ import annotations
 
@@ -71,20 +71,24 @@ def test_null_key_is_refused_and_nothing_stored_is_touched(tmp_path: Path) -> No
     assert _rows(store) == [(1, "GPU-0", 1.0)]
 
 
-def test_a_file_made_with_primary_keys_keeps_them(tmp_path: Path) -> None:
+def test_a_file_made_with_primary_keys_is_converted_and_still_refuses_stored_keys(tmp_path: Path) -> None:
     path = tmp_path / "old.duckdb"
     con = duckdb.connect(str(path))
     spec = TABLES["gpu_samples"]
     cols = ", ".join(f"{c} {t}{' NOT NULL' if c in spec.key else ''}" for c, t in spec.columns)
     con.execute(f"CREATE TABLE gpu_samples ({cols}, PRIMARY KEY ({', '.join(spec.key)}))")
+    con.execute(
+        "INSERT INTO gpu_samples (ts_ns, host, uuid, metric, link, value) "
+        "VALUES (1, 'h', 'GPU-0', 'power_w', -1, 1.0)"
+    )
     con.execute("CREATE TABLE ioe_schema (version INTEGER, applied_ns BIGINT)")
     con.execute("INSERT INTO ioe_schema VALUES (1, 0)")
     con.close()
     store = Store(path)
-    assert "gpu_samples" in store._indexed
-    assert store.write("gpu_samples", _gpu([1, 2], [1.0, 2.0])) == 2
-    assert store.write("gpu_samples", _gpu([2, 3], [2.0, 3.0])) == 1  # the key index refuses ts 2
+    assert store.write("gpu_samples", _gpu([1, 2], [1.0, 2.0])) == 1  # ts 1 came with the file
+    assert store.write("gpu_samples", _gpu([2, 3], [2.0, 3.0])) == 1
     assert [r[0] for r in _rows(store)] == [1, 2, 3]
+    assert store.con.execute("SELECT count(*) FROM gpu_samples_series").fetchone() == (1,)
 
 
 def test_a_batch_promised_unique_skips_the_dedup_and_concat_keeps_the_promise_only_when_true(

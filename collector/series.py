@@ -1,0 +1,140 @@
+"""The series layout of the raw sample tables in a DuckDB store file.
+
+A raw sample row is a timestamp, a few numbers, and a long description that repeats every
+second: a GPU sample names its host, UUID, metric, pod and model in nine text columns; a
+histogram bucket its engine, model, ranks, concept and labels. DuckDB pays for every one of
+those strings on every insert and again at every checkpoint (the 14-column ``gpu_samples`` row
+cost ~4 µs to append and ~5 µs to checkpoint; a sidecar's writer spent ~3 ms of each 1 Hz cycle
+on it, ``bench/results/sidecar.md`` round 5). So a raw table ``T`` of a store file is kept as:
+
+- ``T_series``: one row per series — ``series_id`` and every column of ``T`` except ``ts_ns``
+  and the value columns (:attr:`collector.records.Table.values`);
+- ``T_points``: ``(ts_ns, series_id, values...)``, the only table that grows;
+- the view ``T``: the two joined back into exactly the columns of :data:`collector.records.TABLES`,
+  so every reader (analyzer, API, ``ioe query``) sees the table it always saw.
+
+Rules:
+
+1. A series is every descriptive column of a row: the same GPU under another pod is another
+   series. The natural key of a point is ``(ts_ns, series_id)``; a replayed scrape repeats both
+   and stores nothing new (the store's de-duplication runs on the points).
+2. ``series_id`` is assigned by the store (the only writer), densely from 0, the first time a
+   series is written; it never changes and is never reused while the series has a row.
+   Key columns of a series are NOT NULL, as they were on the wide table: a NULL is refused by
+   DuckDB before any point of the batch is written.
+3. A series whose points have all been deleted by retention is pruned at most hourly
+   (:meth:`SeriesIndex.prune`).
+4. A file made with wide raw tables (before this layout) is converted when it is opened for
+   writing, in one transaction (:func:`convert_statements`); opened read-only it is read as it is.
+
+The DuckLake store (``collector.lake``) keeps the wide tables: Parquet's dictionary encoding
+already stores a repeated description once per file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from collector.batch import Batch
+from collector.records import Table, points_name, points_table, series_name, series_table
+
+if TYPE_CHECKING:
+    import duckdb
+
+
+def series_ddl(spec: Table) -> str:
+    """NOT NULL on the columns that were part of the wide table's key (rule 2)."""
+    table = series_table(spec)
+    cols = ",\n  ".join(
+        f"{c} {t}{' NOT NULL' if c in spec.key or c == 'series_id' else ''}" for c, t in table.columns
+    )
+    return f"CREATE TABLE IF NOT EXISTS {table.name} (\n  {cols},\n  PRIMARY KEY (series_id)\n)"
+
+
+def view_ddl(spec: Table) -> str:
+    """The view ``spec.name`` with exactly the wide table's columns, in its order."""
+    cols = ", ".join(f"p.{c}" if c == "ts_ns" or c in spec.values else f"s.{c}" for c in spec.column_names)
+    return (
+        f"CREATE VIEW IF NOT EXISTS {spec.name} AS SELECT {cols} "
+        f"FROM {points_name(spec.name)} AS p JOIN {series_name(spec.name)} AS s USING (series_id)"
+    )
+
+
+def create_statements(spec: Table) -> list[str]:
+    return [series_ddl(spec), points_table(spec).ddl(), view_ddl(spec)]
+
+
+def convert_statements(spec: Table) -> list[str]:
+    """Rule 4: a wide base table ``spec.name`` becomes the series layout (run in a transaction).
+
+    Series are numbered in the order of their first row; ``IS NOT DISTINCT FROM`` matches the
+    descriptive columns that may be NULL."""
+    ids = ", ".join(spec.series_columns)
+    match = " AND ".join(f"w.{c} IS NOT DISTINCT FROM s.{c}" for c in spec.series_columns)
+    values = ", ".join(f"w.{c}" for c in spec.values)
+    old = f"{spec.name}_wide"
+    return [
+        f"ALTER TABLE {spec.name} RENAME TO {old}",
+        *create_statements(spec)[:2],
+        f"INSERT INTO {series_name(spec.name)} SELECT row_number() OVER (ORDER BY first_ts, {ids}) - 1, "
+        f"{ids} FROM (SELECT {ids}, min(ts_ns) AS first_ts FROM {old} GROUP BY ALL)",
+        f"INSERT INTO {points_name(spec.name)} SELECT w.ts_ns, s.series_id, {values} "
+        f"FROM {old} AS w JOIN {series_name(spec.name)} AS s ON {match} ORDER BY w.ts_ns",
+        f"DROP TABLE {old}",
+        view_ddl(spec),
+    ]
+
+
+class SeriesIndex:
+    """The ``series_id`` of every series of one raw table, kept in memory by the store.
+
+    Loaded from ``T_series`` the first time it is needed; only the store's writer uses it, under
+    the store's lock, so the dict and the file never disagree."""
+
+    def __init__(self, spec: Table):
+        self.spec = spec
+        self.series = series_table(spec)
+        self._ids: dict[tuple[Any, ...], int] | None = None
+        self._next = 0
+
+    def ids(self, cur: duckdb.DuckDBPyConnection, cols: dict[str, Sequence[Any]], height: int) -> list[int]:
+        """The ``series_id`` of each row of ``cols`` (the wide table's columns); series seen for
+        the first time are inserted into ``T_series`` first (a NULL key column raises there)."""
+        known = self._load(cur)
+        names = self.spec.series_columns
+        keys = list(zip(*(cols[c] for c in names), strict=True)) if names else [()] * height
+        got = list(map(known.get, keys))
+        if None not in got:
+            return got  # type: ignore[return-value]
+        new: dict[tuple[Any, ...], int] = {}
+        for key, sid in zip(keys, got, strict=True):
+            if sid is None and key not in new:
+                new[key] = self._next + len(new)
+        data: dict[str, list[Any]] = {"series_id": list(new.values())}
+        for i, name in enumerate(names):
+            data[name] = [key[i] for key in new]
+        rows = Batch(self.series.name, data, len(new))
+        _stream = rows.__arrow_c_stream__()
+        cur.execute(f"INSERT INTO {self.series.name} SELECT * FROM _stream")
+        known.update(new)
+        self._next += len(new)
+        return [known[key] for key in keys]
+
+    def _load(self, cur: duckdb.DuckDBPyConnection) -> dict[tuple[Any, ...], int]:
+        if self._ids is None:
+            names = ", ".join(self.spec.series_columns) or "NULL"
+            rows = cur.execute(f"SELECT series_id, {names} FROM {self.series.name}").fetchall()
+            width = len(self.spec.series_columns)
+            self._ids = {tuple(r[1 : 1 + width]): int(r[0]) for r in rows}
+            self._next = 1 + max(self._ids.values(), default=-1)
+        return self._ids
+
+    def prune(self, cur: duckdb.DuckDBPyConnection) -> int:
+        """Rule 3: delete the series that have no point left; returns how many."""
+        got = cur.execute(
+            f"DELETE FROM {self.series.name} WHERE series_id NOT IN "
+            f"(SELECT DISTINCT series_id FROM {points_name(self.spec.name)})"
+        ).fetchone()
+        self._ids = None  # reloaded on the next write; ids of kept series do not change
+        return int(got[0]) if got else 0

@@ -1,0 +1,199 @@
+"""The series layout of a store file's raw tables (collector.series): the views give back exactly
+the rows written, each description is stored once, ids survive a restart, retention prunes
+series, and a file with the old wide tables is converted without losing or changing a row."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+import pytest
+
+from collector.formats.scrape import parse_scrape
+from collector.records import TABLES, batch
+from collector.store import NS_PER_MIN, Retention, Store
+from tests.conftest import DATA
+
+RAW = ("gpu_samples", "engine_samples", "histogram_buckets", "fabric_samples")
+
+
+def _scrape(kind: str, name: str, ts_ns: int) -> dict[str, Any]:
+    body = (DATA / name).read_text()
+    return parse_scrape(body, kind=kind, ts_ns=ts_ns, host="node-1", source=name).batches  # type: ignore[arg-type]
+
+
+def _all(con: duckdb.DuckDBPyConnection, table: str) -> list[tuple[Any, ...]]:
+    cols = ", ".join(TABLES[table].column_names)
+    return con.execute(f"SELECT {cols} FROM {table} ORDER BY ALL").fetchall()
+
+
+def _count(con: duckdb.DuckDBPyConnection, table: str) -> int:
+    got = con.execute(f"SELECT count(*) FROM {table}").fetchone()
+    assert got is not None
+    return int(got[0])
+
+
+def test_views_give_back_exactly_the_rows_of_a_real_scrape_with_each_series_once(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.duckdb")
+    parsed = {**_scrape("dcgm", "dcgm/h100x8_k8s_pod_labels.prom", 10**18)}
+    parsed.update(_scrape("engine", "engine/vllm_0.33.0_dp2.prom", 10**18))
+    for table, rows in parsed.items():
+        store.write(table, rows)
+    for table, rows in parsed.items():
+        frame = rows.to_polars()
+        expected = sorted(frame.select(TABLES[table].column_names).rows(), key=repr)
+        assert sorted(_all(store.con, table), key=repr) == expected
+        series = frame.select(TABLES[table].series_columns).unique().height
+        assert _count(store.con, f"{table}_series") == series
+        assert _count(store.con, f"{table}_points") == frame.height
+    # the pod labels of the k8s fixture are part of each GPU series
+    pods = store.con.execute("SELECT DISTINCT pod FROM gpu_samples WHERE pod <> '' ORDER BY 1").fetchall()
+    assert pods, "the k8s fixture names pods"
+    # a second scrape with new values adds points only
+    again = _scrape("dcgm", "dcgm/h100x8_k8s_pod_labels.prom", 10**18 + 10**9)["gpu_samples"]
+    before = _count(store.con, "gpu_samples_series")
+    assert store.write("gpu_samples", again) == again.height
+    assert _count(store.con, "gpu_samples_series") == before
+
+
+def _gpu(ts: list[int], pod: str, value: float = 1.0) -> Any:
+    n = len(ts)
+    return batch(
+        "gpu_samples",
+        {"ts_ns": ts, "host": ["h"] * n, "uuid": ["GPU-0"] * n, "metric": ["power_w"] * n,
+         "value": [value] * n, "pod": [pod] * n, "gpu": [0] * n},
+    )  # fmt: skip
+
+
+def test_a_gpu_under_a_new_pod_is_a_new_series_and_old_rows_keep_their_pod(tmp_path: Path) -> None:
+    path = tmp_path / "s.duckdb"
+    store = Store(path)
+    store.write("gpu_samples", _gpu([1, 2], "a"))
+    store.write("gpu_samples", _gpu([3], "b"))
+    rows = store.con.execute("SELECT ts_ns, pod FROM gpu_samples ORDER BY ts_ns").fetchall()
+    assert rows == [(1, "a"), (2, "a"), (3, "b")]
+    assert store.con.execute("SELECT series_id, pod FROM gpu_samples_series ORDER BY 1").fetchall() == [
+        (0, "a"),
+        (1, "b"),
+    ]
+    store.close()
+    again = Store(path)  # a restarted sidecar: the ids are read back, not assigned twice
+    assert again.write("gpu_samples", _gpu([4], "a")) == 1
+    assert again.write("gpu_samples", _gpu([5], "c")) == 1
+    assert again.con.execute("SELECT series_id, pod FROM gpu_samples_series ORDER BY 1").fetchall() == [
+        (0, "a"),
+        (1, "b"),
+        (2, "c"),
+    ]
+    assert again.write("gpu_samples", _gpu([4, 5], "a")) == 1  # ts 4 of pod a is stored: 5 only
+
+
+def test_retention_prunes_series_whose_points_are_all_gone(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.duckdb")
+    now = 100 * NS_PER_MIN
+    store.write("gpu_samples", _gpu([now - 50 * NS_PER_MIN], "old"))
+    store.write("gpu_samples", _gpu([now - 10 * NS_PER_MIN, now - 5 * NS_PER_MIN], "new"))
+    done = store.maintain(now_ns=now, retention=Retention(raw_s=30 * 60, rollup_s=86400))
+    assert done["deleted_gpu_samples"] == 1
+    assert done["pruned_gpu_samples_series"] == 1
+    assert store.con.execute("SELECT pod FROM gpu_samples_series").fetchall() == [("new",)]
+    # rollups were made from the view before the delete: the old minute is still there
+    minutes = store.con.execute("SELECT minute_ns FROM gpu_samples_1m ORDER BY 1").fetchall()
+    assert minutes[0] == (now - 50 * NS_PER_MIN,)
+    # the pruned description comes back as a new series when it is seen again
+    assert store.write("gpu_samples", _gpu([now], "old")) == 1
+    assert store.con.execute("SELECT DISTINCT pod FROM gpu_samples ORDER BY 1").fetchall() == [
+        ("new",),
+        ("old",),
+    ]
+    # within the hour, a maintenance pass does not scan the points for orphans again
+    assert "pruned_gpu_samples_series" not in store.maintain(now_ns=now + NS_PER_MIN)
+
+
+def _wide_file(path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """A store file as IOE wrote it at schema version 1: wide raw tables with real rows."""
+    parsed = _scrape("dcgm", "dcgm/h100x8_k8s_pod_labels.prom", 10**18)
+    parsed.update(_scrape("engine", "engine/sglang_0.5.23.prom", 10**18))
+    parsed["fabric_samples"] = batch(
+        "fabric_samples",
+        {"ts_ns": [1, 2], "host": ["h", "h"], "device": ["mlx5_0"] * 2, "port": [1, 1],
+         "metric": ["port_rcv_data_bytes"] * 2, "value": [4.0, 8.0], "rate_per_s": [None, 4.0]},
+    )  # fmt: skip
+    con = duckdb.connect(str(path))
+    for table in TABLES.values():
+        con.execute(table.ddl())
+    con.execute("CREATE TABLE ioe_schema (version INTEGER, applied_ns BIGINT)")
+    con.execute("INSERT INTO ioe_schema VALUES (1, 0)")
+    for table, rows in parsed.items():
+        _stream = rows.__arrow_c_stream__()
+        con.execute(f"INSERT INTO {table} SELECT * FROM _stream")
+    before = {t: _all(con, t) for t in RAW}
+    con.close()
+    return before
+
+
+def test_a_wide_file_is_converted_with_every_row_unchanged(tmp_path: Path) -> None:
+    path = tmp_path / "v1.duckdb"
+    before = _wide_file(path)
+    assert all(before[t] for t in ("gpu_samples", "engine_samples", "histogram_buckets", "fabric_samples"))
+    with Store(path, read_only=True) as old:  # read-only: read as it is, not converted
+        assert _all(old.con, "gpu_samples") == before["gpu_samples"]
+    store = Store(path)
+    assert store.schema_version() == 2
+    kinds = dict(store.con.execute("SELECT table_name, table_type FROM information_schema.tables").fetchall())
+    for table in RAW:
+        assert kinds[table] == "VIEW"
+        assert _all(store.con, table) == before[table]
+    # the converted file keeps its keys unique: a replay of a stored row adds nothing
+    gpu = before["gpu_samples"][0]
+    row = dict(zip(TABLES["gpu_samples"].column_names, gpu, strict=True))
+    assert store.write("gpu_samples", batch("gpu_samples", [row])) == 0
+    store.close()
+    reader = duckdb.connect(str(path), read_only=True)  # `ioe query` and other readers
+    assert _all(reader, "histogram_buckets") == before["histogram_buckets"]
+    reader.close()
+
+
+def test_a_null_key_in_a_new_series_is_refused_before_any_point(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.duckdb")
+    cols = {"ts_ns": [1, 2], "host": ["h", None], "uuid": ["G", "G"], "metric": ["m", "m"]}
+    bad = batch("gpu_samples", cols)
+    with pytest.raises(duckdb.ConstraintException, match="NOT NULL"):
+        store.write("gpu_samples", bad)
+    assert _count(store.con, "gpu_samples_points") == 0
+    assert store.write("gpu_samples", _gpu([1], "a")) == 1  # the writer carries on
+
+
+def test_a_full_buffer_pool_is_checkpointed_and_the_write_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = Store(tmp_path / "s.duckdb")
+    real = store._insert
+    calls: list[str] = []
+
+    def full_once(spec: Any, rows: Any) -> int:
+        calls.append(spec.name)
+        if len(calls) == 1:
+            raise duckdb.OutOfMemoryException("could not allocate block of size 256.0 KiB")
+        return real(spec, rows)
+
+    monkeypatch.setattr(store, "_insert", full_once)
+    with caplog.at_level(logging.WARNING, logger="collector.store"):
+        assert store.write("gpu_samples", _gpu([1, 2], "a")) == 2
+    assert calls == ["gpu_samples", "gpu_samples"]
+    assert "write to gpu_samples found memory full" in caplog.text
+    assert _all(store.con, "gpu_samples") == sorted(_all(store.con, "gpu_samples"))
+    assert _count(store.con, "gpu_samples") == 2
+
+
+def test_polars_and_arrow_inputs_take_the_same_path(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.duckdb")
+    frame = _gpu([1, 2], "a").to_polars()
+    assert isinstance(frame, pl.DataFrame)
+    assert store.write("gpu_samples", frame) == 2
+    assert store.write("gpu_samples", frame.to_arrow()) == 0
+    assert store.write("gpu_samples", _gpu([3], "a").to_polars().to_arrow()) == 1
+    assert _count(store.con, "gpu_samples_series") == 1
