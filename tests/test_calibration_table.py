@@ -62,3 +62,29 @@ def test_trtllm_ttft_with_the_slot_handoff(table: dict) -> None:
     # once the mixed step's prompt-carrying share took its TPOT from 10.2 % to 7.4 %.
     row = table[("h100_sxm", "trtllm")]
     assert float(str(row["ttft_median"])) < 20.0
+
+
+def test_h200_sglang_c512_waits_grow_where_kv_room_grows() -> None:
+    """Why no KV-derived admission cap is in the model for h200 SGLang (bench/results/calibration.md,
+    issue #6 round 5): on the C = 512, ISL 1000 rows the share of a request's decode time spent
+    waiting before the first token, (TTFT − predicted) / (OSL × TPOT) as measured, grows with TP
+    while the KV room (the model's max_sequences) grows with it; a cap from the KV token pool
+    would wait least where the pool is largest. TP8 holds over 4 × 512 sequences and waits most."""
+    from ioe.commands.estimate import estimate_row
+
+    rows = [
+        r for r in cal.read(cal.DEFAULT)
+        if r["system"] == "h200_sxm" and r["backend"] == "sglang" and r["isl"] == "1000"
+        and float(r["batch_size"]) == 512 and r["osl"] in ("500", "1000")
+    ]  # fmt: skip
+    by_tp: dict[int, list[tuple[float, float]]] = {}
+    for r in rows:
+        est = estimate_row(r)
+        decode_s = int(r["osl"]) * float(r["silicon_tpot_ms"]) / 1e3
+        waited = (float(r["silicon_ttft_ms"]) / 1e3 - est.ttft_s) / decode_s
+        by_tp.setdefault(int(float(r["tp_size"])), []).append((waited, est.terms["max_sequences"]))
+    assert sorted(by_tp) == [2, 4, 8]
+    wait = {tp: min(w for w, _ in v) for tp, v in by_tp.items()}
+    room = {tp: min(m for _, m in v) for tp, v in by_tp.items()}
+    assert wait[2] < wait[4] < wait[8] and room[2] < room[4] < room[8]
+    assert room[8] > 4 * 512 and wait[8] > 0.1
