@@ -30,13 +30,12 @@ from ioe.settings import Settings
 log = logging.getLogger(__name__)
 
 
-# DuckDB buffer pool of a collector-only sidecar (``store_memory_limit``). One hour of the bench's
-# node (8 GPUs + 2 engines at 1 Hz) replayed in process: peak 142-145 MB and flat at 32MB, 157 MB at
-# 48MB, 188 MB at 64MB, 226 MB and still growing uncapped. The live sidecar over 300 s (round 4,
-# 16,384-row groups): peak 138.6 MB at 16MB, 146.5 at 24MB, 149.2 at 32MB (155.7 in 10 minutes),
-# the writer ~10 % more CPU at 16MB than at 32MB (evicted blocks are read back to append and
-# checkpoint). bench/results/sidecar.md.
-COLLECTOR_MEMORY_LIMIT = "16MB"
+# DuckDB buffer pool of a collector-only sidecar (``store_memory_limit``). Round 5 (series layout,
+# DuckDB's default row groups): one hour of the bench's node (8 GPUs + 2 engines at 1 Hz) replayed
+# in process (``bench.store_longrun``) ran with DuckDB using 6-12 MB at 32MB; at 16MB a rollup
+# query found the pool full even after a checkpoint. Round 4's 16MB cap with 16,384-row groups ran
+# out of memory within the first 600 cycles of the same replay. bench/results/sidecar.md.
+COLLECTOR_MEMORY_LIMIT = "32MB"
 
 
 def open_store(settings: Settings, *, threads: int | None = None) -> Any:

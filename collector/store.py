@@ -446,26 +446,59 @@ def _run(cur: duckdb.DuckDBPyConnection, sql: str, batch: Any) -> int:
     return int(got[0]) if got else 0
 
 
-_ENGINE_ID = "source, engine, model, dp_rank, tp_rank, pp_rank, ep_rank, concept, labels"
 _MINUTE = f"(ts_ns - ts_ns % {NS_PER_MIN})"
+
+
+def _rollup(target: str, raw: str, inner: str, key: str, outer: str, last_of: str = "value") -> str:
+    """``INSERT OR REPLACE`` into ``target`` of the complete minutes in ``[since, cutoff)`` of the
+    raw table ``raw`` (series layout). The points are aggregated per minute and series first
+    (``inner``, on integers), then joined to their ~1,000 series and combined per rollup key
+    (``key``, ``outer``): the join and the grouping on text see one row per series and minute,
+    not one per point. ``outer`` combines partial aggregates exactly: counts and sums add up,
+    a mean is their ratio, the last value is the one with the latest ``ts_ns`` among the points
+    whose ``last_of`` is not NULL (``arg_max`` leaves NULL values out)."""
+    s_key = ", ".join(f"s.{c}" for c in key.split(", "))
+    return f"""
+        INSERT OR REPLACE INTO {target}
+        SELECT m.minute_ns, {outer}
+        FROM (SELECT {_MINUTE} AS minute_ns, series_id, count(*) AS n, {inner},
+                     max(ts_ns) FILTER (WHERE {last_of} IS NOT NULL) AS last_ts
+              FROM {points_name(raw)} WHERE ts_ns >= {{since}} AND ts_ns < {{cutoff}}
+              GROUP BY minute_ns, series_id) AS m
+        JOIN {raw}_series AS s USING (series_id)
+        GROUP BY m.minute_ns, {s_key}"""
+
+
+_ENGINE_ID = "source, engine, model, dp_rank, tp_rank, pp_rank, ep_rank, concept, labels"
+_S_ENGINE_ID = ", ".join(f"s.{c}" for c in _ENGINE_ID.split(", "))
+_MEAN = "sum(m.{0}_sum) / nullif(sum(m.{0}_k), 0)"  # avg() of the points: NULLs left out
 _ROLLUPS: dict[str, str] = {
-    "gpu_samples_1m": f"""
-        INSERT OR REPLACE INTO gpu_samples_1m
-        SELECT {_MINUTE} AS minute_ns, host, any_value(gpu), uuid, metric, link,
-               count(*), min(value), max(value), avg(value), arg_max(value, ts_ns)
-        FROM gpu_samples WHERE ts_ns >= {{since}} AND ts_ns < {{cutoff}}
-        GROUP BY ALL""",
-    "engine_samples_1m": f"""
-        INSERT OR REPLACE INTO engine_samples_1m
-        SELECT {_MINUTE} AS minute_ns, {_ENGINE_ID},
-               count(*), avg(value), max(value), arg_max(value, ts_ns), avg(rate_per_s)
-        FROM engine_samples WHERE ts_ns >= {{since}} AND ts_ns < {{cutoff}}
-        GROUP BY ALL""",
-    "histogram_buckets_1m": f"""
-        INSERT OR REPLACE INTO histogram_buckets_1m
-        SELECT {_MINUTE} AS minute_ns, {_ENGINE_ID}, le, arg_max(cumulative_count, ts_ns)
-        FROM histogram_buckets WHERE ts_ns >= {{since}} AND ts_ns < {{cutoff}}
-        GROUP BY ALL""",
+    "gpu_samples_1m": _rollup(
+        "gpu_samples_1m",
+        "gpu_samples",
+        "count(value) AS v_k, sum(value) AS v_sum, min(value) AS lo, max(value) AS hi, "
+        "arg_max(value, ts_ns) AS last",
+        "host, uuid, metric, link",
+        "s.host, any_value(s.gpu), s.uuid, s.metric, s.link, sum(m.n), min(m.lo), max(m.hi), "
+        f"{_MEAN.format('v')}, arg_max(m.last, m.last_ts)",
+    ),
+    "engine_samples_1m": _rollup(
+        "engine_samples_1m",
+        "engine_samples",
+        "count(value) AS v_k, sum(value) AS v_sum, max(value) AS hi, arg_max(value, ts_ns) AS last, "
+        "count(rate_per_s) AS r_k, sum(rate_per_s) AS r_sum",
+        _ENGINE_ID,
+        f"{_S_ENGINE_ID}, sum(m.n), {_MEAN.format('v')}, max(m.hi), arg_max(m.last, m.last_ts), "
+        f"{_MEAN.format('r')}",
+    ),
+    "histogram_buckets_1m": _rollup(
+        "histogram_buckets_1m",
+        "histogram_buckets",
+        "arg_max(cumulative_count, ts_ns) AS last",
+        f"{_ENGINE_ID}, le",
+        f"{_S_ENGINE_ID}, s.le, arg_max(m.last, m.last_ts)",
+        last_of="cumulative_count",
+    ),
 }
 
 

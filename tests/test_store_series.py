@@ -5,6 +5,7 @@ series, and a file with the old wide tables is converted without losing or chang
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from collector.records import TABLES, batch
 from collector.store import NS_PER_MIN, Retention, Store
 from tests.conftest import DATA
 
+DCGM_K8S = "dcgm/h100x8_k8s_pod_labels.prom"
 RAW = ("gpu_samples", "engine_samples", "histogram_buckets", "fabric_samples")
 
 
@@ -197,3 +199,49 @@ def test_polars_and_arrow_inputs_take_the_same_path(tmp_path: Path) -> None:
     assert store.write("gpu_samples", frame.to_arrow()) == 0
     assert store.write("gpu_samples", _gpu([3], "a").to_polars().to_arrow()) == 1
     assert _count(store.con, "gpu_samples_series") == 1
+
+
+def test_rollups_from_points_equal_the_plain_aggregates_of_the_views(tmp_path: Path) -> None:
+    """The rollups aggregate points per series before the join (Store._ROLLUPS); they must give
+    what a plain GROUP BY over the view gives, NULL values and two series per key included."""
+    store = Store(tmp_path / "s.duckdb")
+    t0 = 1000 * NS_PER_MIN
+    for i, ts in enumerate((t0 + 1, t0 + 20 * 10**9, t0 + NS_PER_MIN + 5, t0 + NS_PER_MIN + 40 * 10**9)):
+        for kind, name in (
+            ("dcgm", DCGM_K8S),
+            ("engine", "engine/vllm_0.33.0_dp2.prom"),
+        ):
+            for table, rows in _scrape(kind, name, ts).items():
+                moved = [None if v is None else v * (1 + i) for v in rows[TABLES[table].values[0]]]
+                store.write(table, rows.with_column(TABLES[table].values[0], moved))
+        # the same GPU key under two pods: two series, one rollup row; p1's latest value is NULL,
+        # so the key's last value is p2's, though p1 has the latest point
+        store.write("gpu_samples", _gpu([ts], "p1", value=float(i)))
+        store.write("gpu_samples", _gpu([ts + 2], "p1").with_column("value", [None]))
+        store.write("gpu_samples", _gpu([ts + 1], "p2", value=10.0 + i))
+    store.maintain(now_ns=t0 + 2 * NS_PER_MIN)
+    minute = f"(ts_ns - ts_ns % {NS_PER_MIN})"
+    engine_id = "source, engine, model, dp_rank, tp_rank, pp_rank, ep_rank, concept, labels"
+    plain = {
+        "gpu_samples_1m": f"SELECT {minute}, host, uuid, metric, link, count(*), min(value), max(value), "
+        "avg(value), arg_max(value, ts_ns) FROM gpu_samples GROUP BY ALL",
+        "engine_samples_1m": f"SELECT {minute}, {engine_id}, count(*), avg(value), max(value), "
+        "arg_max(value, ts_ns), avg(rate_per_s) FROM engine_samples GROUP BY ALL",
+        "histogram_buckets_1m": f"SELECT {minute}, {engine_id}, le, arg_max(cumulative_count, ts_ns) "
+        "FROM histogram_buckets GROUP BY ALL",
+    }
+    for rollup, sql in plain.items():
+        expected = sorted(store.con.execute(sql).fetchall(), key=repr)
+        cols = [c for c in TABLES[rollup].column_names if c != "gpu"]
+        got = sorted(store.con.execute(f"SELECT {', '.join(cols)} FROM {rollup}").fetchall(), key=repr)
+        assert len(got) == len(expected) > 0
+        for mine, theirs in zip(got, expected, strict=True):
+            assert all(_same(a, b) for a, b in zip(mine, theirs, strict=True)), (mine, theirs)
+    two_pods = "SELECT n, avg, last FROM gpu_samples_1m WHERE host = 'h' ORDER BY minute_ns"
+    assert store.con.execute(two_pods).fetchall() == [(6, 5.5, 11.0), (6, 7.5, 13.0)]
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12)
+    return bool(a == b)
