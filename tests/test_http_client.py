@@ -224,3 +224,26 @@ def test_refused_connection_is_an_oserror() -> None:
 
     with pytest.raises(OSError):
         asyncio.run(go())
+
+
+def test_concurrent_gets_to_one_origin_each_keep_their_connection_and_the_surplus_is_closed() -> None:
+    """Three targets on one port scraped at the same moment: three connections, all reused on the
+    next round (none dropped unclosed); past MAX_IDLE_PER_ORIGIN the extra ones are closed."""
+    from collector.sources import http_client
+
+    n = http_client.MAX_IDLE_PER_ORIGIN + 2
+    server = Scripted([OK + b"Content-Length: 2\r\n\r\nok"] * (3 * n))
+
+    async def body(url: str) -> None:
+        async with HttpClient() as c:
+            for _ in range(3):
+                got = await asyncio.gather(*(c.get(url, max_body_bytes=10) for _ in range(n)))
+                assert [r.body for r in got] == [b"ok"] * n
+                pool = c._idle[next(iter(c._idle))]
+                assert len(pool) == http_client.MAX_IDLE_PER_ORIGIN
+                assert all(not conn.writer.is_closing() for conn in pool)
+
+    run(server, body)
+    # round 1 opens n; rounds 2 and 3 reuse the kept ones and open n - kept each
+    kept = http_client.MAX_IDLE_PER_ORIGIN
+    assert server.connections == n + 2 * (n - kept)

@@ -9,8 +9,10 @@ Rules:
 
 1. ``http://`` and ``https://`` URLs only (``https`` verifies the server's certificate against
    the system's CA store); anything else is :class:`HttpError` before a connection is made.
-2. One connection per (scheme, host, port), reused while the server keeps it alive: HTTP/1.1
-   without ``Connection: close`` and a body whose end was known. A request on a reused
+2. Connections are kept per (scheme, host, port) and reused while the server keeps them alive:
+   HTTP/1.1 without ``Connection: close`` and a body whose end was known. Requests to one origin
+   at the same time (three targets on one port) each take an idle connection or open one; at most
+   :data:`MAX_IDLE_PER_ORIGIN` wait idle afterwards, the rest are closed. A request on a reused
    connection that the server closed in the meantime (EOF before any byte of a status line) is
    sent once more on a new connection; any other failure is not retried here.
 3. Body framing (RFC 9112 §6.3): ``Transfer-Encoding: chunked``, else ``Content-Length``, else
@@ -35,6 +37,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 MAX_HEAD_BYTES = 64 * 1024
+MAX_IDLE_PER_ORIGIN = 4  # idle keep-alive connections kept per (scheme, host, port), rule 2
 READ_CHUNK = 256 * 1024
 USER_AGENT = "ioe-sidecar"
 DEFAULT_PORT = {"http": 80, "https": 443}
@@ -102,7 +105,7 @@ class HttpClient:
 
     def __init__(self, *, user_agent: str = USER_AGENT):
         self.user_agent = user_agent
-        self._idle: dict[tuple[str, str, int], _Connection] = {}
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._ssl: Any = None
 
     async def __aenter__(self) -> HttpClient:
@@ -112,15 +115,17 @@ class HttpClient:
         self.close()
 
     def close(self) -> None:
-        for conn in self._idle.values():
-            conn.close()
+        for pool in self._idle.values():
+            for conn in pool:
+                conn.close()
         self._idle.clear()
 
     async def get(self, url: str, *, headers: dict[str, str] | None = None, max_body_bytes: int) -> Response:
         """GET ``url``; raises :class:`HttpError` or ``OSError`` (connect, reset)."""
         target = _target(url)
         request = self._request(target, headers or {})
-        conn = self._idle.pop(target.origin, None)
+        pool = self._idle.get(target.origin)
+        conn = pool.pop() if pool else None
         if conn is not None:
             try:
                 return await self._exchange(target, conn, request, max_body_bytes)
@@ -147,11 +152,12 @@ class HttpClient:
         except asyncio.LimitOverrunError as exc:  # a chunk-size or trailer line without its CRLF
             raise HttpError(f"a chunked-body line over {MAX_HEAD_BYTES} bytes") from exc
         finally:
-            if keep:
+            pool = self._idle.setdefault(target.origin, [])
+            if keep and len(pool) < MAX_IDLE_PER_ORIGIN:
                 conn.used = True
-                self._idle[target.origin] = conn
+                pool.append(conn)
             else:
-                conn.close()  # rule 7, also on cancellation
+                conn.close()  # rule 7, also on cancellation; or one idle connection too many
 
     def _request(self, target: _Target, headers: dict[str, str]) -> bytes:
         lines = [
