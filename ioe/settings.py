@@ -106,7 +106,7 @@ class Settings(_Model):
     flush_interval_s: float = Field(default=10.0, gt=0)
     # DuckDB's buffer pool cap for the sidecar's store ("64MB", "1GB"). Blocks written by each
     # checkpoint stay cached until the pool is full: a collector grew ~1 MB a minute with DuckDB's
-    # default (80 % of RAM). Empty: 16MB when api_enabled is false, DuckDB's default with the API
+    # default (80 % of RAM). Empty: 32MB when api_enabled is false, DuckDB's default with the API
     # (its analysis queries need room; DuckDB spills past the cap where it can).
     store_memory_limit: str = ""
     # batches waiting for the writer: ~3 per target scrape, so 1024 holds 10 s of ~30 targets at 1 Hz
