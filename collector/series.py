@@ -4,8 +4,9 @@ A raw sample row is a timestamp, a few numbers, and a long description that repe
 second: a GPU sample names its host, UUID, metric, pod and model in nine text columns; a
 histogram bucket its engine, model, ranks, concept and labels. DuckDB pays for every one of
 those strings on every insert and again at every checkpoint (the 14-column ``gpu_samples`` row
-cost ~4 µs to append and ~5 µs to checkpoint; a sidecar's writer spent ~3 ms of each 1 Hz cycle
-on it, ``bench/results/sidecar.md`` round 5). So a raw table ``T`` of a store file is kept as:
+cost ~4 µs to append and ~5 µs to checkpoint; storing one node's 1 Hz scrapes cost 4.55 ms of CPU
+a cycle, 1.46 ms in this layout: ``bench/results/sidecar.md`` round 5). So a raw table ``T`` of a
+store file is kept as:
 
 - ``T_series``: one row per series — ``series_id`` and every column of ``T`` except ``ts_ns``
   and the value columns (:attr:`collector.records.Table.values`);
