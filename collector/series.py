@@ -96,15 +96,16 @@ class SeriesIndex:
     def __init__(self, spec: Table):
         self.spec = spec
         self.series = series_table(spec)
+        self.points = points_table(spec)
         self._ids: dict[tuple[Any, ...], int] | None = None
         self._next = 0
 
-    def ids(self, cur: duckdb.DuckDBPyConnection, cols: dict[str, Sequence[Any]], height: int) -> list[int]:
+    def ids(self, cur: duckdb.DuckDBPyConnection, cols: dict[str, Sequence[Any]]) -> list[int]:
         """The ``series_id`` of each row of ``cols`` (the wide table's columns); series seen for
         the first time are inserted into ``T_series`` first (a NULL key column raises there)."""
         known = self._load(cur)
         names = self.spec.series_columns
-        keys = list(zip(*(cols[c] for c in names), strict=True)) if names else [()] * height
+        keys = list(zip(*(cols[c] for c in names), strict=True))
         got = list(map(known.get, keys))
         if None not in got:
             return got  # type: ignore[return-value]
@@ -124,10 +125,9 @@ class SeriesIndex:
 
     def _load(self, cur: duckdb.DuckDBPyConnection) -> dict[tuple[Any, ...], int]:
         if self._ids is None:
-            names = ", ".join(self.spec.series_columns) or "NULL"
+            names = ", ".join(self.spec.series_columns)
             rows = cur.execute(f"SELECT series_id, {names} FROM {self.series.name}").fetchall()
-            width = len(self.spec.series_columns)
-            self._ids = {tuple(r[1 : 1 + width]): int(r[0]) for r in rows}
+            self._ids = {tuple(r[1:]): int(r[0]) for r in rows}
             self._next = 1 + max(self._ids.values(), default=-1)
         return self._ids
 
@@ -135,7 +135,7 @@ class SeriesIndex:
         """Rule 3: delete the series that have no point left; returns how many."""
         got = cur.execute(
             f"DELETE FROM {self.series.name} WHERE series_id NOT IN "
-            f"(SELECT DISTINCT series_id FROM {points_name(self.spec.name)})"
+            f"(SELECT DISTINCT series_id FROM {self.points.name})"
         ).fetchone()
         self._ids = None  # reloaded on the next write; ids of kept series do not change
         return int(got[0]) if got else 0

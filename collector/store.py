@@ -35,7 +35,7 @@ import duckdb
 
 from collector import series
 from collector.batch import Batch, as_polars
-from collector.records import REPLACE_TABLES, TABLES, Table, points_name, points_table
+from collector.records import REPLACE_TABLES, TABLES, Table, points_name, series_name
 
 if TYPE_CHECKING:
     import polars as pl
@@ -59,9 +59,10 @@ BLOCK_SIZE = 64 * 1024
 WAL_AUTOCHECKPOINT = "4MB"
 # Row groups keep DuckDB's default size (122,880 rows). Round 4 tried 16,384 to make a collector's
 # checkpoints cheaper (each rewrites the last, partly filled group), but DuckDB keeps buffers of
-# every small group pinned: a 16MB-capped store ran out of memory after ~17 minutes of one node's
-# samples, and a checkpoint freed nothing (bench/results/sidecar.md, round 5). A writable file is
-# attached (BLOCK_SIZE is an ATTACH option) and made the connection's default catalog.
+# every small group pinned: a 16MB-capped store ran out of memory within 600 cycles of one node's
+# replayed 1 Hz samples, and a checkpoint did not rescue the write (bench/results/sidecar.md,
+# round 5). A writable file is attached (BLOCK_SIZE is an ATTACH option) and made the
+# connection's default catalog.
 ATTACHED = "store"  # the catalog name of an attached store file
 # How often series without a point left are deleted (collector.series rule 3): the check scans
 # every point, so it runs hourly, not at every maintenance pass.
@@ -269,8 +270,9 @@ class Store(RowCounts):
     def _insert_points(self, cur: duckdb.DuckDBPyConnection, spec: Table, batch: Any) -> int:
         """A raw table's rows as points of its series (collector.series rules 1-2)."""
         cols, height = _columns(batch, spec.column_names)
-        ids = self._series[spec.name].ids(cur, cols, height)
-        target = points_table(spec)
+        index = self._series[spec.name]
+        ids = index.ids(cur, cols)
+        target = index.points
         data = {"ts_ns": cols["ts_ns"], "series_id": ids, **{c: cols[c] for c in spec.values}}
         unique = isinstance(batch, Batch) and batch.unique
         return self._insert_unindexed(cur, target, Batch(target.name, data, height, unique=unique))
@@ -343,8 +345,8 @@ class Store(RowCounts):
             done[name] = int(got[0]) if got else 0
         self._set_state("rollup_watermark_ns", cutoff)
         raw_before = min(now_ns - int(retention.raw_s * 1e9), cutoff)
-        for table in ("gpu_samples", "engine_samples", "histogram_buckets", "fabric_samples"):
-            done[f"deleted_{table}"] = self._delete_before(points_name(table), "ts_ns", raw_before)
+        for table, index in self._series.items():  # the raw tables
+            done[f"deleted_{table}"] = self._delete_before(index.points.name, "ts_ns", raw_before)
         if now_ns - self._state("series_pruned_ns") >= SERIES_PRUNE_NS:
             for name, index in self._series.items():
                 done[f"pruned_{name}_series"] = index.prune(self.con)
@@ -457,7 +459,6 @@ def _rollup(target: str, raw: str, inner: str, key: str, outer: str, last_of: st
     not one per point. ``outer`` combines partial aggregates exactly: counts and sums add up,
     a mean is their ratio, the last value is the one with the latest ``ts_ns`` among the points
     whose ``last_of`` is not NULL (``arg_max`` leaves NULL values out)."""
-    s_key = ", ".join(f"s.{c}" for c in key.split(", "))
     return f"""
         INSERT OR REPLACE INTO {target}
         SELECT m.minute_ns, {outer}
@@ -465,12 +466,17 @@ def _rollup(target: str, raw: str, inner: str, key: str, outer: str, last_of: st
                      max(ts_ns) FILTER (WHERE {last_of} IS NOT NULL) AS last_ts
               FROM {points_name(raw)} WHERE ts_ns >= {{since}} AND ts_ns < {{cutoff}}
               GROUP BY minute_ns, series_id) AS m
-        JOIN {raw}_series AS s USING (series_id)
-        GROUP BY m.minute_ns, {s_key}"""
+        JOIN {series_name(raw)} AS s USING (series_id)
+        GROUP BY m.minute_ns, {_of_series(key)}"""
+
+
+def _of_series(columns: str) -> str:
+    """``"a, b"`` -> ``"s.a, s.b"``: the columns of the joined series row."""
+    return ", ".join(f"s.{c}" for c in columns.split(", "))
 
 
 _ENGINE_ID = "source, engine, model, dp_rank, tp_rank, pp_rank, ep_rank, concept, labels"
-_S_ENGINE_ID = ", ".join(f"s.{c}" for c in _ENGINE_ID.split(", "))
+_S_ENGINE_ID = _of_series(_ENGINE_ID)
 _MEAN = "sum(m.{0}_sum) / nullif(sum(m.{0}_k), 0)"  # avg() of the points: NULLs left out
 _ROLLUPS: dict[str, str] = {
     "gpu_samples_1m": _rollup(
