@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -89,10 +90,10 @@ ORDER BY u.deployment, u.minute_ns
 """
 
 
-def _frame(table: str, data: dict[str, object]) -> pl.DataFrame:
+def _frame(table: str, data: dict[str, Any]) -> pl.DataFrame:
     """``data`` completed with ``table``'s other columns (NULL, or ''/-1 in the key)."""
     spec = TABLES[table]
-    n = len(next(iter(data.values())))  # type: ignore[arg-type]
+    n = len(next(iter(data.values())))
     cols = {}
     for name, dtype in spec.polars_schema().items():
         default = ("" if dtype == pl.Utf8 else -1) if name in spec.key else None
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             l_cold, l_warm, l_rows = query_latency(lake, args.runs)
         if len(l_rows) != len(e_rows) or not _same(l_rows[100], e_rows[100]):
             raise RuntimeError(f"the stores disagree: lake {len(l_rows)} rows, embedded {len(e_rows)}")
-        p99 = [r[4] for r in e_rows if r[4] is not None]
+        p99 = [float(r[4]) for r in e_rows if isinstance(r[4], (int, float))]
         print(f"envelope query, 64 GPUs x 24 h ({n_gpu} rollup rows) -> {len(e_rows)} rows")
         print(f"  sample row {e_rows[100]}")
         print(f"  p99 TTFT present in {len(p99)} rows, median {statistics.median(p99):.3f} s")

@@ -9,6 +9,7 @@ brackets); the load average is printed before and after.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import statistics
@@ -83,8 +84,8 @@ def bench_import(cls: Any, rounds: int) -> None:
 
 def bench_report(cls: Any, rounds: int) -> None:
     for name in SETS:
-        peer = (lambda name=name: hta_report(cls, DATA / name)) if cls else None
-        compare(f"trace-report {name}", lambda name=name: report([DATA / name]), peer, rounds)
+        peer = functools.partial(hta_report, cls, DATA / name) if cls else None
+        compare(f"trace-report {name}", functools.partial(report, [DATA / name]), peer, rounds)
 
 
 def bench_attribution(rounds: int) -> None:
@@ -98,7 +99,7 @@ def bench_attribution(rounds: int) -> None:
             loaded = collectives.load_collectives(con, "inspector")
             found = stragglers.find_stragglers(loaded)
             took.append(time.perf_counter() - t)
-            found_in_memory.append(timed(lambda df=loaded: stragglers.find_stragglers(df)))
+            found_in_memory.append(timed(functools.partial(stragglers.find_stragglers, loaded)))
     print(
         f"attribution of {loaded.height:,} collective records (8 ranks x {loaded.height // 8:,}), "
         f"load + waits + blame + flags: median {statistics.median(took):.2f} s "

@@ -32,6 +32,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from analyzer import perf
 from ioe.commands.estimate import estimate_row
@@ -151,7 +152,8 @@ def descend(rows: list[Row], eff: perf.Efficiency, passes: int = 3) -> perf.Effi
             for v in values:
                 if v == getattr(eff, name):
                     continue
-                trial = dataclasses.replace(eff, **{name: v})
+                change: dict[str, Any] = {name: v}
+                trial = dataclasses.replace(eff, **change)
                 score = loss(errors(rows, trial))
                 if score < best - MIN_GAIN:
                     best, eff, moved = score, trial, True

@@ -21,13 +21,14 @@ import re
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 from bench import bench_sidecar
 from collector.batch import Batch
 from collector.formats.scrape import ScrapeCache, parse_scrape
 from collector.store import Store
 
-KINDS = {"/dcgm": "dcgm", "/vllm": "engine", "/sglang": "engine"}
+KINDS: dict[str, Literal["dcgm", "engine"]] = {"/dcgm": "dcgm", "/vllm": "engine", "/sglang": "engine"}
 T0_NS = 1_800_000_000_000_000_000
 
 
@@ -54,7 +55,7 @@ def main() -> None:
             body = variants[i % len(variants)]
             parsed = parse_scrape(
                 body, kind=KINDS[path], ts_ns=ts, host="n1", source=path, cache=caches[path]
-            )  # type: ignore[arg-type]
+            )
             for table, rows in parsed.batches.items():
                 pending.setdefault(table, []).append(rows)
         if (i + 1) % 10 == 0:

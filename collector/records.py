@@ -17,6 +17,7 @@ Canonical engine concepts (``engine_samples.concept``) are listed in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -406,10 +407,11 @@ def spec_of(name: str) -> Table:
     return TABLES.get(name) or LAYOUT_TABLES[name]
 
 
-def batch(table: str, rows: dict[str, list[Any]] | list[dict[str, Any]]) -> Batch:
+def batch(table: str, rows: Mapping[str, Any] | list[dict[str, Any]]) -> Batch:
     """A :class:`~collector.batch.Batch` with exactly ``table``'s columns, in its order.
 
-    ``rows`` is either column lists or a list of row dicts. Missing columns are filled with
+    ``rows`` is either columns (lists, or any sized iterable such as a numpy array) or a list of
+    row dicts. Missing columns are filled with
     the key-safe default (``''``/``-1``) when they are part of the natural key, else NULL.
     Unknown columns raise ``KeyError`` naming them (a programming error, not bad input).
     """
@@ -436,7 +438,7 @@ def batch(table: str, rows: dict[str, list[Any]] | list[dict[str, Any]]) -> Batc
     return Batch(table, data, n)
 
 
-def frame(table: str, rows: dict[str, list[Any]] | list[dict[str, Any]]) -> pl.DataFrame:
+def frame(table: str, rows: Mapping[str, Any] | list[dict[str, Any]]) -> pl.DataFrame:
     """:func:`batch` as a polars frame with the table's dtypes (for readers, ingest and tests)."""
     return batch(table, rows).to_polars()
 
