@@ -88,3 +88,29 @@ def test_h200_sglang_c512_waits_grow_where_kv_room_grows() -> None:
     room = {tp: min(m for _, m in v) for tp, v in by_tp.items()}
     assert wait[2] < wait[4] < wait[8] and room[2] < room[4] < room[8]
     assert room[8] > 4 * 512 and wait[8] > 0.1
+
+
+def test_closed_loop_identities_of_a_measured_row() -> None:
+    # h200 SGLang TP1, ISL 1000, OSL 100, C = 160: TTFT 1612 ms, TPOT 26.98 ms measured. The loop
+    # lasts 1.612 + 99 × 0.02698 = 4.283 s, so 160 clients complete 37.4 requests/s: 37.4k prompt
+    # tokens/s, about one 1000-token prompt per 27 ms step, 38 % of each client's time before
+    # its first token.
+    from bench import closed_loop
+
+    rows = [
+        r
+        for r in cal.read(cal.DEFAULT)
+        if (r["system"], r["backend"], r["tp_size"], r["isl"], r["osl"])
+        == ("h200_sxm", "sglang", "1.0", "1000", "100")
+    ]
+    assert len(rows) == 1
+    loop = closed_loop.loop_of(rows[0])
+    assert loop is not None and loop.clients == 160
+    assert loop.cycle_s == pytest.approx(4.283, abs=0.002)
+    assert loop.requests_per_s == pytest.approx(37.36, abs=0.05)
+    assert loop.prompt_tokens_per_s == pytest.approx(37_360, abs=50)
+    assert loop.prompt_tokens_per_step == pytest.approx(1008, abs=2)
+    assert loop.wait_share == pytest.approx(0.376, abs=0.002)
+    disagg = next(r for r in cal.read(cal.DEFAULT) if r["mode"] == "disagg")
+    assert closed_loop.loop_of(disagg) is None  # no single engine's step to divide by
+    assert "skipped" in closed_loop.table([rows[0], disagg])
