@@ -132,6 +132,15 @@ def _disjoint(parts: list[Batch]) -> bool:
     return all(prev[1] < nxt[0] for prev, nxt in pairwise(spans))
 
 
+def run_on_stream(cur: Any, sql: str, rows: Any) -> int:
+    """Execute ``sql``, whose ``_stream`` reads ``rows`` (a Batch, polars frame or Arrow table):
+    DuckDB's replacement scan finds the fresh Arrow C stream capsule among this frame's locals.
+    Returns the first column of the result row (an INSERT's count), 0 when there is none."""
+    _stream = rows.__arrow_c_stream__()
+    got = cur.execute(sql).fetchone()
+    return int(got[0]) if got else 0
+
+
 def as_polars(rows: Any) -> Any:
     """A Batch as a polars frame; a polars frame (or Arrow table) as it is."""
     return rows.to_polars() if isinstance(rows, Batch) else rows

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from collector.batch import Batch
+from collector.batch import Batch, run_on_stream
 from collector.records import Table, points_name, points_table, series_name, series_table
 
 if TYPE_CHECKING:
@@ -117,8 +117,7 @@ class SeriesIndex:
         for i, name in enumerate(names):
             data[name] = [key[i] for key in new]
         rows = Batch(self.series.name, data, len(new))
-        _stream = rows.__arrow_c_stream__()
-        cur.execute(f"INSERT INTO {self.series.name} SELECT * FROM _stream")
+        run_on_stream(cur, f"INSERT INTO {self.series.name} SELECT * FROM _stream", rows)
         known.update(new)
         self._next += len(new)
         return [known[key] for key in keys]

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import duckdb
 
 from collector import series
-from collector.batch import Batch, as_polars
+from collector.batch import Batch, as_polars, run_on_stream
 from collector.records import REPLACE_TABLES, TABLES, Table, points_name, series_name
 
 if TYPE_CHECKING:
@@ -309,7 +309,7 @@ class Store(RowCounts):
         else:
             rows = f"(SELECT DISTINCT ON ({key}) * FROM _stream) AS b"
         sql = f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {rows}{where}"
-        stored = _run(cur, sql, batch)
+        stored = run_on_stream(cur, sql, batch)
         self._newest[table] = hi if newest is None else max(newest, hi)
         return stored
 
@@ -406,11 +406,11 @@ def _insert(
     """
     sql = f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _stream"
     if table in REPLACE_TABLES:
-        return _run(cur, sql.replace("INSERT", "INSERT OR REPLACE", 1), batch)
+        return run_on_stream(cur, sql.replace("INSERT", "INSERT OR REPLACE", 1), batch)
     try:
-        return _run(cur, sql, batch)
+        return run_on_stream(cur, sql, batch)
     except duckdb.ConstraintException:
-        return _run(cur, sql.replace("INSERT", "INSERT OR IGNORE", 1), batch)
+        return run_on_stream(cur, sql.replace("INSERT", "INSERT OR IGNORE", 1), batch)
 
 
 def _columns(batch: Any, names: list[str]) -> tuple[dict[str, Any], int]:
@@ -439,13 +439,6 @@ def _ts_range(batch: Any, column: str) -> tuple[int, int]:
     if lo is None or hi is None:
         raise StoreError(f"key column {column} holds NULL")
     return int(lo), int(hi)
-
-
-def _run(cur: duckdb.DuckDBPyConnection, sql: str, batch: Any) -> int:
-    """``sql`` with ``_stream`` bound (by DuckDB's replacement scan of this frame's locals)."""
-    _stream = batch.__arrow_c_stream__()
-    got = cur.execute(sql).fetchone()
-    return int(got[0]) if got else 0
 
 
 _MINUTE = f"(ts_ns - ts_ns % {NS_PER_MIN})"
