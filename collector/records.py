@@ -54,6 +54,9 @@ class Table:
     # The value columns of a raw sample table kept in the series layout of a store file
     # (collector.series); empty for every other table.
     values: tuple[str, ...] = ()
+    # Columns that refuse NULL besides the key's (a series table keeps its raw table's key
+    # columns NOT NULL though its own key is series_id).
+    not_null: tuple[str, ...] = ()
 
     @property
     def column_names(self) -> list[str]:
@@ -70,7 +73,8 @@ class Table:
         return {c: getattr(pl, _POLARS[t]) for c, t in self.columns}
 
     def ddl(self) -> str:
-        cols = ",\n  ".join(f"{c} {t}{' NOT NULL' if c in self.key else ''}" for c, t in self.columns)
+        required = (*self.key, *self.not_null)
+        cols = ",\n  ".join(f"{c} {t}{' NOT NULL' if c in required else ''}" for c, t in self.columns)
         key = f",\n  PRIMARY KEY ({', '.join(self.key)})" if self.key and self.indexed else ""
         return f"CREATE TABLE IF NOT EXISTS {self.name} (\n  {cols}{key}\n)"
 
@@ -380,6 +384,7 @@ def series_table(spec: Table) -> Table:
         columns=(("series_id", "BIGINT"), *cols),
         key=("series_id",),
         doc=f"The series of {spec.name}: each description once (collector.series).",
+        not_null=tuple(c for c in spec.key if c in spec.series_columns),
     )
 
 

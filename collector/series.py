@@ -44,15 +44,6 @@ if TYPE_CHECKING:
     import duckdb
 
 
-def series_ddl(spec: Table) -> str:
-    """NOT NULL on the columns that were part of the wide table's key (rule 2)."""
-    table = series_table(spec)
-    cols = ",\n  ".join(
-        f"{c} {t}{' NOT NULL' if c in spec.key or c == 'series_id' else ''}" for c, t in table.columns
-    )
-    return f"CREATE TABLE IF NOT EXISTS {table.name} (\n  {cols},\n  PRIMARY KEY (series_id)\n)"
-
-
 def view_ddl(spec: Table) -> str:
     """The view ``spec.name`` with exactly the wide table's columns, in its order."""
     cols = ", ".join(f"p.{c}" if c == "ts_ns" or c in spec.values else f"s.{c}" for c in spec.column_names)
@@ -63,7 +54,8 @@ def view_ddl(spec: Table) -> str:
 
 
 def create_statements(spec: Table) -> list[str]:
-    return [series_ddl(spec), points_table(spec).ddl(), view_ddl(spec)]
+    """``T_series`` (the raw table's key columns NOT NULL, rule 2), ``T_points`` and the view."""
+    return [series_table(spec).ddl(), points_table(spec).ddl(), view_ddl(spec)]
 
 
 def convert_statements(spec: Table) -> list[str]:
