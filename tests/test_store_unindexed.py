@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
@@ -74,9 +75,7 @@ def test_null_key_is_refused_and_nothing_stored_is_touched(tmp_path: Path) -> No
 def test_a_file_made_with_primary_keys_is_converted_and_still_refuses_stored_keys(tmp_path: Path) -> None:
     path = tmp_path / "old.duckdb"
     con = duckdb.connect(str(path))
-    spec = TABLES["gpu_samples"]
-    cols = ", ".join(f"{c} {t}{' NOT NULL' if c in spec.key else ''}" for c, t in spec.columns)
-    con.execute(f"CREATE TABLE gpu_samples ({cols}, PRIMARY KEY ({', '.join(spec.key)}))")
+    con.execute(replace(TABLES["gpu_samples"], indexed=True).ddl())  # the wide table, keyed as it was
     con.execute(
         "INSERT INTO gpu_samples (ts_ns, host, uuid, metric, link, value) "
         "VALUES (1, 'h', 'GPU-0', 'power_w', -1, 1.0)"
