@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.calibration import DEFAULT, read
-from ioe.commands.estimate import _concurrency
+from ioe.commands.estimate import row_concurrency
 
 Row = dict[str, str]
 
@@ -64,7 +64,7 @@ class Loop:
 
 def loop_of(row: Row) -> Loop | None:
     """The row's loop, or None when it records no concurrency (nothing to divide by)."""
-    clients = _concurrency(row)
+    clients = row_concurrency(row)
     if clients <= 0 or (row.get("mode") or "agg").strip() != "agg":
         return None
     return Loop(

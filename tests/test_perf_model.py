@@ -215,11 +215,12 @@ def test_disaggregated_decode_carries_no_prefill_and_the_prefill_pool_queues() -
 
 
 def test_concurrency_comes_from_the_row_or_its_data_source() -> None:
-    from ioe.commands.estimate import _concurrency
+    from ioe.commands.estimate import row_concurrency
 
-    assert _concurrency({"concurrency": "64"}) == 64
-    assert _concurrency({"silicon_data_source": "source_file=x; silicon_concurrency=480; measured=y"}) == 480
-    assert _concurrency({"silicon_data_source": "source_file=x"}) == 0
+    assert row_concurrency({"concurrency": "64"}) == 64
+    source = "source_file=x; silicon_concurrency=480; measured=y"
+    assert row_concurrency({"silicon_data_source": source}) == 480
+    assert row_concurrency({"silicon_data_source": "source_file=x"}) == 0
 
 
 def test_slot_handoff_waits_one_completion_gap_in_a_closed_loop() -> None:

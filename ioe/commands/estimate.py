@@ -63,7 +63,7 @@ def _layout(row: dict[str, str], prefix: str = "") -> Layout:
     )
 
 
-def _concurrency(row: dict[str, str]) -> int:
+def row_concurrency(row: dict[str, str]) -> int:
     """The benchmark's total concurrent clients: a ``concurrency`` column, else the
     ``silicon_concurrency=N`` field of ``silicon_data_source``; 0 when the row does not say."""
     if (row.get("concurrency") or "").strip():
@@ -86,7 +86,7 @@ def estimate_row(row: dict[str, str], eff: perf.Efficiency | None = None) -> per
 
     ``eff`` replaces the tabled factors of the row's (backend, GPU) (calibration fits them with it).
     Disaggregated rows use their worker counts: ``prefill_num_workers`` prefill servers and
-    ``decode_num_workers`` decode servers share the benchmark's clients (:func:`_concurrency`;
+    ``decode_num_workers`` decode servers share the benchmark's clients (:func:`row_concurrency`;
     :func:`analyzer.perf.disaggregated_latency`).
     """
     model = _model(row.get("model_path") or row.get("model") or "")
@@ -99,7 +99,7 @@ def estimate_row(row: dict[str, str], eff: perf.Efficiency | None = None) -> per
             _num(row, "prefill_batch_size", 1), _num(row, "decode_batch_size", 1),
             isl, osl, backend, precision, None,
             _num(row, "prefill_num_workers", 1) or 1, _num(row, "decode_num_workers", 1) or 1,
-            _concurrency(row), eff or perf.efficiency(backend, gpu.name, harness=True),
+            row_concurrency(row), eff or perf.efficiency(backend, gpu.name, harness=True),
         )  # fmt: skip
     factors = eff or perf.efficiency(backend, gpu.name, harness=True)  # the rows' own benchmark
     return perf.expected_latency(
