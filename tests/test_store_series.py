@@ -40,7 +40,7 @@ def _count(con: duckdb.DuckDBPyConnection, table: str) -> int:
 
 def test_views_give_back_exactly_the_rows_of_a_real_scrape_with_each_series_once(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.duckdb")
-    parsed = {**_scrape("dcgm", "dcgm/h100x8_k8s_pod_labels.prom", 10**18)}
+    parsed = dict(_scrape("dcgm", DCGM_K8S, 10**18))
     parsed.update(_scrape("engine", "engine/vllm_0.33.0_dp2.prom", 10**18))
     for table, rows in parsed.items():
         store.write(table, rows)
@@ -55,7 +55,7 @@ def test_views_give_back_exactly_the_rows_of_a_real_scrape_with_each_series_once
     pods = store.con.execute("SELECT DISTINCT pod FROM gpu_samples WHERE pod <> '' ORDER BY 1").fetchall()
     assert pods, "the k8s fixture names pods"
     # a second scrape with new values adds points only
-    again = _scrape("dcgm", "dcgm/h100x8_k8s_pod_labels.prom", 10**18 + 10**9)["gpu_samples"]
+    again = _scrape("dcgm", DCGM_K8S, 10**18 + 10**9)["gpu_samples"]
     before = _count(store.con, "gpu_samples_series")
     assert store.write("gpu_samples", again) == again.height
     assert _count(store.con, "gpu_samples_series") == before
@@ -117,7 +117,7 @@ def test_retention_prunes_series_whose_points_are_all_gone(tmp_path: Path) -> No
 
 def _wide_file(path: Path) -> dict[str, list[tuple[Any, ...]]]:
     """A store file as IOE wrote it at schema version 1: wide raw tables with real rows."""
-    parsed = _scrape("dcgm", "dcgm/h100x8_k8s_pod_labels.prom", 10**18)
+    parsed = _scrape("dcgm", DCGM_K8S, 10**18)
     parsed.update(_scrape("engine", "engine/sglang_0.5.23.prom", 10**18))
     parsed["fabric_samples"] = batch(
         "fabric_samples",
