@@ -133,11 +133,19 @@ def _disjoint(parts: list[Batch]) -> bool:
 
 
 def run_on_stream(cur: Any, sql: str, rows: Any) -> int:
-    """Execute ``sql``, whose ``_stream`` reads ``rows`` (a Batch, polars frame or Arrow table):
-    DuckDB's replacement scan finds the fresh Arrow C stream capsule among this frame's locals.
-    Returns the first column of the result row (an INSERT's count), 0 when there is none."""
-    _stream = rows.__arrow_c_stream__()
-    got = cur.execute(sql).fetchone()
+    """Execute ``sql``, whose ``_stream`` reads ``rows`` (a Batch, polars frame or Arrow table).
+
+    The fresh Arrow C stream capsule is registered on the cursor as ``_stream`` for this one
+    statement, not found by DuckDB's replacement scan among the caller's locals: a store's
+    database runs with external access disabled (:meth:`collector.store.Store.lock_down`), which
+    turns replacement scans of Python objects off, while a registered relation still reads. It
+    costs the same and imports neither pyarrow nor pandas. Returns the first column of the
+    result row (an INSERT's count), 0 when there is none."""
+    cur.register("_stream", cur.from_arrow(rows.__arrow_c_stream__()))
+    try:
+        got = cur.execute(sql).fetchone()
+    finally:
+        cur.unregister("_stream")
     return int(got[0]) if got else 0
 
 

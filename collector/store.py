@@ -124,7 +124,11 @@ class Store(RowCounts):
         self.path = str(path)
         self.read_only = read_only
         self._lock = threading.RLock()
-        config: dict[str, Any] = {"threads": threads or _cpus()}
+        config: dict[str, Any] = {
+            "threads": threads or _cpus(),
+            "autoload_known_extensions": False,
+            "autoinstall_known_extensions": False,
+        }
         if memory_limit:
             config["memory_limit"] = memory_limit
         if not read_only:
@@ -141,6 +145,7 @@ class Store(RowCounts):
         self._series = {name: series.SeriesIndex(t) for name, t in TABLES.items() if t.values}
         if not read_only:
             self._migrate()
+        self.lock_down()
         self._newest: dict[str, int | None] = {}  # points table -> its largest ts_ns stored
         self._writer = self._new_cursor()
 
@@ -157,6 +162,23 @@ class Store(RowCounts):
             con.close()
             raise
         return con
+
+    def lock_down(self) -> None:
+        """Close the database to everything outside its own file, for good.
+
+        Once the file is attached and migrated the store needs nothing outside it, and every
+        reader (the API's SQL route included) shares this one database: DuckDB's settings are
+        per database, not per cursor. So external access is switched off (no file, URL or glob
+        reads, no ``COPY``, ``ATTACH``, ``INSTALL`` or ``LOAD``, no replacement scans of files or
+        Python objects), extensions are neither installed nor loaded on demand, and the
+        configuration is locked so no statement can turn either back on. DuckDB's own spill files
+        under ``temp_directory`` keep working. Writes read their batches as registered relations
+        (:func:`collector.batch.run_on_stream`)."""
+        try:
+            self.con.execute("SET enable_external_access = false")
+            self.con.execute("SET lock_configuration = true")
+        except duckdb.Error as exc:
+            raise StoreError(f"store {self.path}: cannot lock the database down ({exc})") from exc
 
     def _new_cursor(self) -> duckdb.DuckDBPyConnection:
         cur = self.con.cursor()
