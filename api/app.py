@@ -10,8 +10,8 @@ Rules:
      followed by the verdicts registry (:mod:`api.verdicts`), which this function appends.
   3. Request bodies above ``max_body_bytes`` get 413 (:mod:`api.limits`); the OTLP receiver
      caps its decompressed body itself (``settings.otlp.max_body_bytes``).
-  4. Ingest needs the bearer token when one is configured; reads need it only when
-     ``settings.require_token_for_reads`` is set (:mod:`api.routes`, :mod:`api.page`).
+  4. With a token configured every route needs it but ``/healthz``, ``/readyz``, ``/metrics``
+     and ``/login`` (:mod:`api.auth`, the outermost middleware).
   5. With ``refresh_s`` (``ioe serve`` passes :data:`REFRESH_S`) the default window's envelope and
      latency are precomputed every ``refresh_s`` seconds (:mod:`api.refresher`), from the app's
      startup to its shutdown (the lifespan), and answered before routing (:mod:`api.fastpath`);
@@ -29,6 +29,8 @@ from typing import Any
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from api.auth import AuthGate
+from api.auth import router as auth_router
 from api.cache import TTLCache
 from api.fastpath import SnapshotFastPath
 from api.limits import BodyLimit
@@ -68,6 +70,7 @@ def create_app(
     app.state.registries = [*app.state.registries, verdict_registry(app)]
     app.add_middleware(BodyLimit, max_bytes=getattr(app.state, "max_body_bytes", MAX_BODY_BYTES),  # type: ignore[arg-type]
                        own_limits=("/v1/traces",))  # fmt: skip
+    app.add_middleware(AuthGate, token=settings.token)  # type: ignore[arg-type]  # rule 4: outermost
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:
@@ -82,6 +85,7 @@ def create_app(
         body = b"".join(generate_latest(r) for r in app.state.registries)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
+    app.include_router(auth_router)
     _include_routers(app)
     return app
 

@@ -9,8 +9,8 @@ Rules:
   1. Only ``GET /api/v1/deployments/<name>/envelope`` or ``.../latency`` whose query asks for the
      default window: no parameters, or ``window`` meaning the same length (``15m``, ``900``,
      ``900s``) and, for latency, ``points`` = ``120``; each parameter at most once, nothing else.
-  2. Only while reads need no token: with ``require_token_for_reads`` every request goes through
-     the routes and their guard.
+  2. It sits inside :class:`api.auth.AuthGate`, so a request reaches it only with the token
+     when one is configured.
   3. Only while the refresher holds a young snapshot of that deployment and route; the answer is
      then exactly the route's own (same body and ``Age``/``Cache-Control`` headers, rule 4 of
      :mod:`api.refresher`). Anything else — another window, an unknown or malformed name, no
@@ -49,8 +49,6 @@ class SnapshotFastPath:
 
     def snapshot_key(self, scope: Scope) -> tuple[str, str] | None:
         """Rules 1-2: ``(route, name)`` when the request is the default-window shape, else ``None``."""
-        if self.state.settings.require_token_for_reads:
-            return None
         got = _PATH.fullmatch(scope.get("path", ""))
         if got is None or not _NAME.fullmatch(got[1]):
             return None

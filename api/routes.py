@@ -3,7 +3,7 @@ targets, and read-only queries. Thin: validate (:mod:`api.params`), call :mod:`a
 through the app's TTL cache, serialize (:mod:`api.models`).
 
 Rules:
-  1. Reads need the bearer token only when ``settings.require_token_for_reads`` is set.
+  1. With a token configured, every route here needs it (:class:`api.auth.AuthGate`).
   2. Every analysis result is cached per (route, deployment, window, options) for
      ``app.state.cache.ttl_s`` seconds; concurrent identical requests share one computation.
   3. Non-finite floats (NaN, ±inf) from the analyzer are served as ``null`` (JSON has no NaN).
@@ -34,7 +34,6 @@ from starlette.concurrency import run_in_threadpool
 
 from analyzer.report import latest_ns
 from api import models, service
-from api.auth import require_token
 from api.cache import MISSING
 from api.params import (
     AT_PATTERN,
@@ -58,19 +57,13 @@ DEFAULT_WINDOW, DEFAULT_POINTS = "15m", 120
 DEFAULT_WINDOW_S = parse_window(DEFAULT_WINDOW)
 
 
-async def read_guard(request: Request) -> None:
-    """Rule 1."""
-    if request.app.state.settings.require_token_for_reads:
-        require_token(request)
-
-
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": models.Problem, "description": "A parameter is malformed; `detail.parameter` names it."},
-    401: {"model": models.Problem, "description": "Bearer token missing or wrong (when reads need one)."},
+    401: {"model": models.Problem, "description": "Bearer token missing or wrong (when one is configured)."},
     404: {"model": models.Problem, "description": "No such deployment; `detail.known` lists them."},
     422: {"model": models.Problem, "description": "Request does not validate."},
 }
-router = APIRouter(prefix="/api/v1", dependencies=[Depends(read_guard)], responses=_ERRORS)
+router = APIRouter(prefix="/api/v1", responses=_ERRORS)
 
 NameParam = Annotated[str, Path(description="Deployment name", max_length=128, pattern=NAME_PATTERN)]
 WindowParam = Annotated[

@@ -174,6 +174,7 @@ class Agent:
                 host=self.settings.listen_host,
                 port=self.settings.otlp.grpc_port,
                 max_message_bytes=self.settings.otlp.max_body_bytes,
+                token=self.settings.token,
             )
 
     async def _maintenance_loop(self) -> None:

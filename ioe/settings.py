@@ -8,6 +8,7 @@ value came from.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import tomllib
@@ -111,9 +112,14 @@ class Settings(_Model):
     store_memory_limit: str = ""
     # batches waiting for the writer: ~3 per target scrape, so 1024 holds 10 s of ~30 targets at 1 Hz
     queue_max_batches: int = Field(default=1024, gt=0)
+    # With a token (or a file holding it), every route but /healthz, /readyz and /metrics needs it,
+    # over HTTP and gRPC (api/auth.py). Listening beyond loopback without one is refused unless
+    # allow_unauthenticated is true.
     auth_token: str = ""
     auth_token_file: str = ""
-    require_token_for_reads: bool = False
+    allow_unauthenticated: bool = False
+    # Kept so older config files still load: reads always need the token when one is set.
+    require_token_for_reads: bool = True
 
     @field_validator("targets")
     @classmethod
@@ -124,11 +130,33 @@ class Settings(_Model):
             raise ValueError(f"target names must be unique, repeated: {dup}")
         return v
 
+    def exposure_problem(self) -> str | None:
+        """Why serving on ``listen_host`` (HTTP and OTLP/gRPC) is refused, or ``None``: beyond
+        loopback a server needs a token unless ``allow_unauthenticated`` is set."""
+        if self.auth_token or self.auth_token_file or self.allow_unauthenticated:
+            return None
+        if _loopback(self.listen_host):
+            return None
+        return (
+            f"refusing to listen on {self.listen_host or 'all addresses'} without a token: set auth_token or "
+            "auth_token_file (IOE_AUTH_TOKEN_FILE), or allow_unauthenticated: true to serve anyone who can "
+            "reach the port"
+        )
+
     def token(self) -> str:
         """The bearer token: the file's content when a file is named, else ``auth_token``."""
         if self.auth_token_file:
             return Path(self.auth_token_file).read_text().strip()
         return self.auth_token
+
+
+def _loopback(host: str) -> bool:
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

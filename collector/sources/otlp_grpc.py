@@ -12,12 +12,18 @@ Same mapping as OTLP/HTTP (:mod:`collector.formats.otlp_spans`). Rules:
      the OTLP specification); rows are de-duplicated on (trace_id, span_id) when retried.
   5. The server listens on ``host`` only (loopback by default); ``port=0`` picks a free port,
      reported by ``handle.port``.
+  6. With a token configured (``token()`` not empty) a call needs ``authorization: Bearer
+     <token>`` metadata, compared in constant time: none or a wrong one answers
+     ``UNAUTHENTICATED`` and nothing is stored; a token file that cannot be read answers
+     ``UNAVAILABLE`` (closed, never open). The same rule as the HTTP routes (``api.auth``).
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
@@ -38,12 +44,31 @@ SERVICE = trace_service_pb2.DESCRIPTOR.services_by_name["TraceService"].full_nam
 
 
 class SpanReceiver(TraceServiceServicer):
-    """``TraceService.Export`` over a :class:`~collector.sink.Sink` (rules 1, 3, 4)."""
+    """``TraceService.Export`` over a :class:`~collector.sink.Sink` (rules 1, 3, 4, 6)."""
 
-    def __init__(self, sink: Sink):
+    def __init__(self, sink: Sink, token: Callable[[], str] | None = None):
         self.sink = sink
+        self.token = token
+
+    def _authorize(self, context: grpc.ServicerContext) -> None:
+        """Rule 6."""
+        if self.token is None:
+            return
+        try:
+            expected = self.token()
+        except OSError as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"server token file cannot be read ({exc.strerror})")
+        if not expected:
+            return
+        sent = dict(context.invocation_metadata() or ()).get("authorization", "")
+        scheme, _, given = str(sent).partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing bearer token (authorization metadata)")
+        if not hmac.compare_digest(given.strip().encode(), expected.encode()):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong bearer token")
 
     def Export(self, request: Any, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
+        self._authorize(context)
         try:
             req = decode_protobuf(request) if isinstance(request, bytes) else request
         except ParseError as exc:
@@ -94,6 +119,7 @@ def start_grpc_receiver(
     port: int,
     max_message_bytes: int = 64 * 1024 * 1024,
     workers: int = 4,
+    token: Callable[[], str] | None = None,
 ) -> GrpcReceiver:
     """Start the OTLP/gRPC receiver (rules 2, 5); raises ``RuntimeError`` if it cannot bind."""
     server = grpc.server(
@@ -103,7 +129,7 @@ def start_grpc_receiver(
             ("grpc.so_reuseport", 0),
         ],
     )
-    servicer = SpanReceiver(sink)
+    servicer = SpanReceiver(sink, token)
     handler = grpc.unary_unary_rpc_method_handler(
         servicer.Export,
         request_deserializer=None,  # raw bytes: decoded by the servicer (rule 1)

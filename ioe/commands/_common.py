@@ -17,3 +17,11 @@ def settings_or_exit(config: Path | None, **args: Any) -> Settings:
     except SettingsError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
+
+
+def exposure_or_exit(settings: Settings) -> None:
+    """Exit 2 with one line when a server would listen beyond loopback without a token."""
+    problem = settings.exposure_problem()
+    if problem:
+        typer.echo(problem, err=True)
+        raise typer.Exit(2)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ioe.commands._common import settings_or_exit
+from ioe.commands._common import exposure_or_exit, settings_or_exit
 
 
 def serve(
@@ -24,6 +24,7 @@ def serve(
     from collector.store import Retention
 
     settings = settings_or_exit(config, store_path=store, listen_port=port, listen_host=host)
+    exposure_or_exit(settings)
     st = open_store(settings)
     app = create_app(settings, st, refresh_s=REFRESH_S)
     maintainer = Maintainer(st, settings.maintenance_interval_s,

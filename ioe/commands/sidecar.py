@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ioe.commands._common import settings_or_exit
+from ioe.commands._common import exposure_or_exit, settings_or_exit
 
 
 def sidecar(
@@ -20,6 +20,7 @@ def sidecar(
     from collector.agent import Agent
 
     settings = settings_or_exit(config, store_path=store, listen_port=port, listen_host=host)
+    exposure_or_exit(settings)
     agent = Agent(settings)
     typer.echo(
         f"ioe sidecar: {len(settings.targets)} target(s), store {settings.store_path}, "
