@@ -95,9 +95,13 @@ def test_kustomize_renders_every_piece(rendered: list[dict[str, Any]]) -> None:
         ("ConfigMap", "ioe-sidecar-config"),
         ("DaemonSet", "ioe-dcgm-exporter"),
         ("Deployment", "llama-3-1-8b"),
+        ("Job", "ioe-api-token"),
         ("PrometheusRule", "ioe-rules"),
+        ("Role", "ioe-api-token-writer"),
+        ("RoleBinding", "ioe-api-token-writer"),
         ("Service", "ioe-dcgm-exporter"),
         ("Service", "llama-3-1-8b"),
+        ("ServiceAccount", "ioe-api-token-writer"),
         ("ServiceMonitor", "ioe-dcgm-exporter"),
         ("ServiceMonitor", "ioe-engines"),
     ]
@@ -107,8 +111,12 @@ def test_kustomize_renders_every_piece(rendered: list[dict[str, Any]]) -> None:
 def test_core_objects_pass_kubernetes_schema(rendered: list[dict[str, Any]]) -> None:
     import kubernetes_validate
 
-    core = [o for o in rendered if o["apiVersion"] in ("v1", "apps/v1")]
-    assert len(core) == 7
+    core = [
+        o
+        for o in rendered
+        if o["apiVersion"] in ("v1", "apps/v1", "batch/v1", "rbac.authorization.k8s.io/v1")
+    ]
+    assert len(core) == 11
     for obj in core:
         kubernetes_validate.validate(obj, "1.32.0", strict=True)  # raises ValidationError
 
@@ -126,7 +134,7 @@ def test_sidecar_pod_wiring(rendered: list[dict[str, Any]]) -> None:
     """Engine and sidecar share the Inspector dir; spans go to the sidecar's gRPC port; ports match."""
     pod = _pod(rendered, "Deployment")
     engine, ioe = _container(pod, "vllm"), _container(pod, "ioe")
-    env = {e["name"]: e["value"] for e in engine["env"]}
+    env = {e["name"]: e.get("value") for e in engine["env"]}
     assert set(env) >= NCCL_ENV and env["NCCL_INSPECTOR_ENABLE"] == "1"
     config = yaml.safe_load(
         next(c for c in _by_kind(rendered, "ConfigMap") if "sidecar-config" in c["metadata"]["name"])["data"][
@@ -212,7 +220,7 @@ def test_bad_sidecar_config_is_refused(tmp_path: Path) -> None:
 def test_compose_references_exist() -> None:
     compose = yaml.safe_load(COMPOSE.read_text())
     services = compose["services"]
-    assert set(services) == {"dcgm-exporter", "vllm", "ioe", "prometheus", "grafana"}
+    assert set(services) == {"dcgm-exporter", "vllm", "ioe", "ioe-token", "prometheus", "grafana"}
     for name, svc in services.items():
         for volume in svc.get("volumes", []):
             source = volume.split(":")[0]
@@ -221,6 +229,7 @@ def test_compose_references_exist() -> None:
             else:
                 assert source in compose["volumes"], f"{name}: named volume {source} undeclared"
     build = services["ioe"]["build"]
+    assert services["ioe-token"]["image"] == services["ioe"]["image"]
     assert (
         COMPOSE.parent / build["context"] / build["dockerfile"]
     ).resolve() == DEPLOY / "docker" / "Dockerfile"
@@ -284,3 +293,75 @@ def test_systemd_unit() -> None:
     assert (
         sidecar.nccl_inspector_dir == "/var/run/nccl-inspector" and "RuntimeDirectory=nccl-inspector" in text
     )
+
+
+# ---- the API token -------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", SIDECAR_CONFIGS, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_shipped_config_that_listens_beyond_loopback_has_a_token(path: Path) -> None:
+    settings = load_settings(path, environ={})
+    assert settings.auth_token_file and settings.exposure_problem() is None
+    assert not settings.allow_unauthenticated
+
+
+def test_pods_mount_the_generated_token_where_their_config_reads_it(rendered: list[dict[str, Any]]) -> None:
+    configs = {
+        c["metadata"]["name"].rsplit("-", 1)[0]: yaml.safe_load(next(iter(c["data"].values())))
+        for c in _by_kind(rendered, "ConfigMap")
+        if "config" in c["metadata"]["name"]
+    }
+    for kind, config in (("Deployment", "ioe-sidecar-config"), ("DaemonSet", "ioe-node-agent-config")):
+        pod = _pod(rendered, kind)
+        ioe = _container(pod, "ioe")
+        mount = next(m for m in ioe["volumeMounts"] if m["name"] == "ioe-api-token")
+        assert mount["readOnly"] is True
+        token_file = Settings.model_validate(configs[config]).auth_token_file
+        assert token_file == mount["mountPath"] + "/token"
+        volume = next(v for v in pod["volumes"] if v["name"] == "ioe-api-token")
+        assert volume == {"name": "ioe-api-token", "secret": {"secretName": "ioe-api-token"}}
+    engine = _container(_pod(rendered, "Deployment"), "vllm")
+    env = {e["name"]: e for e in engine["env"]}
+    assert env["IOE_API_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "ioe-api-token", "key": "token"}
+    names = [e["name"] for e in engine["env"]]
+    assert names.index("IOE_API_TOKEN") < names.index("OTEL_EXPORTER_OTLP_TRACES_HEADERS")  # $(VAR) order
+    assert env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"]["value"] == "authorization=Bearer%20$(IOE_API_TOKEN)"
+
+
+def test_token_job_creates_the_secret_once(rendered: list[dict[str, Any]], tmp_path: Path) -> None:
+    """Runs the Job's own script against a stand-in kubectl that keeps secrets in a directory."""
+    job = next(o for o in rendered if o["kind"] == "Job")
+    script = job["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    fake = tmp_path / "bin" / "kubectl"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'store="{tmp_path}/secrets"; mkdir -p "$store"\n'
+        'if [ "$1" = get ]; then test -f "$store/$3"; exit $?; fi\n'
+        'if [ "$1" = create ]; then echo "$5" > "$store/$4"; echo "$4" >> "$store/.created"; fi\n'
+    )
+    fake.chmod(0o755)
+    env = {"PATH": f"{fake.parent}:/usr/bin:/bin"}
+    for _ in range(2):
+        done = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+    stored = (tmp_path / "secrets" / "ioe-api-token").read_text().strip()
+    token = stored.removeprefix("--from-literal=token=")
+    assert len(token) == 64 and int(token, 16) >= 0
+    assert (tmp_path / "secrets" / ".created").read_text().split() == ["ioe-api-token"]  # once
+
+
+def test_compose_token_writer_writes_once_and_everyone_reads_it(tmp_path: Path) -> None:
+    compose = yaml.safe_load(COMPOSE.read_text())
+    services = compose["services"]
+    script = services["ioe-token"]["entrypoint"][2].replace("/run/ioe-token/token", str(tmp_path / "token"))
+    script = script.replace("os.chown(path, 10001, 10001)", "pass")
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", script], check=True, timeout=30)
+    first = (tmp_path / "token").read_text()
+    assert len(first.strip()) == 64
+    sidecar = load_settings(DEPLOY / "compose" / "ioe-sidecar.yaml", environ={})
+    for name in ("ioe", "vllm"):
+        mounts = dict(v.split(":")[:2] for v in services[name]["volumes"])
+        assert mounts["ioe-token"] == "/run/ioe-token"
+        assert services[name]["depends_on"]["ioe-token"]["condition"] == "service_completed_successfully"
+    assert sidecar.auth_token_file == "/run/ioe-token/token"
+    assert "cat /run/ioe-token/token" in services["vllm"]["entrypoint"][2]
