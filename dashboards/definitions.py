@@ -21,6 +21,8 @@ from typing import Any
 
 from dashboards.grafana_model import Panel, Target, Variable, dashboard
 
+BY = "by (cluster, namespace, deployment)"  # one deployment name may live in several clusters
+BY_ZONE = "by (cluster, namespace, deployment, zone)"
 DEP = 'deployment=~"$deployment"'
 GPU = 'host=~"$host", gpu=~"$gpu"'
 RATE = "$__rate_interval"
@@ -98,7 +100,7 @@ def fleet() -> dict[str, Any]:
     panels = [
         Panel(
             "Primary zone per deployment",
-            (Target(f"max by (deployment, zone) (ioe_deployment_zone{{{DEP}}} == 1)", "", instant=True),),
+            (Target(f"max {BY_ZONE} (ioe_deployment_zone{{{DEP}}} == 1)", "", instant=True),),
             kind="table",
             description="IOE's verdict: the wall each deployment is against (compute, hbm_bandwidth, "
             "kv_capacity, network, headroom).",
@@ -135,7 +137,7 @@ def fleet() -> dict[str, Any]:
         ),
         Panel(
             "Stragglers per deployment",
-            (ioe(f"sum by (deployment) (ioe_straggler{{{DEP}}})"),),
+            (ioe(f"sum {BY} (ioe_straggler{{{DEP}}})"),),
             kind="stat",
             description="Ranks IOE flags as persistent stragglers.",
         ),
@@ -185,7 +187,7 @@ def deployment() -> dict[str, Any]:
                 *quantile_targets(PREFILL, (0.99,)),
                 *quantile_targets(DECODE, (0.99,)),
                 Target(
-                    "histogram_quantile(0.99, sum by (deployment, stage, le) "
+                    "histogram_quantile(0.99, sum by (cluster, namespace, deployment, stage, le) "
                     f"(rate(sglang:per_stage_req_latency_seconds_bucket{{{DEP}}}[{RATE}])))",
                     "{{deployment}} SGLang {{stage}} p99",
                 ),
@@ -195,7 +197,7 @@ def deployment() -> dict[str, Any]:
         ),
         Panel(
             "KV cache usage",
-            per_engine(KV_USAGE, "max by (deployment) ({m}{{{sel}}})", ""),
+            per_engine(KV_USAGE, f"max {BY} ({{m}}{{{{{{sel}}}}}})", ""),
             unit="percentunit",
             max_value=1,
             threshold_line=0.95,
@@ -204,8 +206,8 @@ def deployment() -> dict[str, Any]:
             "Preemptions / retractions per second",
             (
                 Target(
-                    f"sum by (deployment) (rate(vllm:num_preemptions_total{{{DEP}}}[{RATE}])) or "
-                    f"sum by (deployment) (rate(sglang:num_retracted_requests_total{{{DEP}}}[{RATE}]))",
+                    f"sum {BY} (rate(vllm:num_preemptions_total{{{DEP}}}[{RATE}])) or "
+                    f"sum {BY} (rate(sglang:num_retracted_requests_total{{{DEP}}}[{RATE}]))",
                     "{{deployment}}",
                 ),
             ),
@@ -215,14 +217,14 @@ def deployment() -> dict[str, Any]:
         Panel(
             "Requests running and waiting",
             (
-                *per_engine(RUNNING, "sum by (deployment) ({m}{{{sel}}})", " running"),
-                *per_engine(WAITING, "sum by (deployment) ({m}{{{sel}}})", " waiting"),
+                *per_engine(RUNNING, f"sum {BY} ({{m}}{{{{{{sel}}}}}})", " running"),
+                *per_engine(WAITING, f"sum {BY} ({{m}}{{{{{{sel}}}}}})", " waiting"),
             ),
         ),
         Panel(
             "Throughput vs concurrency",
             (
-                *per_engine(GEN_TOKENS, "sum by (deployment) (rate({m}{{{sel}}}[{rate}]))", " tokens/s"),
+                *per_engine(GEN_TOKENS, f"sum {BY} (rate({{m}}{{{{{{sel}}}}}}[{{rate}}]))", " tokens/s"),
                 ioe(f"ioe_deployment_concurrency{{{DEP}}}", "{{deployment}} running (IOE)"),
                 ioe(f"ioe_deployment_crossover_concurrency{{{DEP}}}", "{{deployment}} Cp (IOE)"),
             ),
@@ -238,12 +240,12 @@ def deployment() -> dict[str, Any]:
             "Prefix cache hit ratio",
             (
                 Target(
-                    f"sum by (deployment) (rate(vllm:prefix_cache_hits_total{{{DEP}}}[{RATE}])) / "
-                    f"sum by (deployment) (rate(vllm:prefix_cache_queries_total{{{DEP}}}[{RATE}]))",
+                    f"sum {BY} (rate(vllm:prefix_cache_hits_total{{{DEP}}}[{RATE}])) / "
+                    f"sum {BY} (rate(vllm:prefix_cache_queries_total{{{DEP}}}[{RATE}]))",
                     "{{deployment}} vLLM",
                 ),
-                Target(f"max by (deployment) (sglang:cache_hit_rate{{{DEP}}})", "{{deployment}} SGLang"),
-                Target(f"max by (deployment) (trtllm_kv_cache_hit_rate{{{DEP}}})", "{{deployment}} TRT-LLM"),
+                Target(f"max {BY} (sglang:cache_hit_rate{{{DEP}}})", "{{deployment}} SGLang"),
+                Target(f"max {BY} (trtllm_kv_cache_hit_rate{{{DEP}}})", "{{deployment}} TRT-LLM"),
             ),
             unit="percentunit",
         ),

@@ -65,6 +65,15 @@ class _IndentedDumper(yaml.SafeDumper):
         super().increase_indent(flow, False)
 
 
+def _block_strings(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    """Multi-line strings (PromQL, descriptions) as ``|`` blocks, as the rule file writes them."""
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_IndentedDumper.add_representer(str, _block_strings)
+
+
 def render(rules_path: Path = RULES) -> str:
     """The manifest text for ``rules_path``: a header comment and the YAML document."""
     doc = prometheus_rule(load_groups(rules_path))

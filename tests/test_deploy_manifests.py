@@ -269,7 +269,7 @@ def test_compose_prometheus_config_passes_promtool(tmp_path: Path) -> None:
         [promtool, "check", "config", str(path)], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 38 rules found" in done.stdout
+    assert "SUCCESS: 39 rules found" in done.stdout
 
 
 def test_dockerfile() -> None:
