@@ -23,9 +23,9 @@ DuckDB's own parse tree (``json_serialize_sql``), never on the text:
   4. Any parse-tree node kind outside the known set (``SHOW``/``SUMMARIZE``, ``PIVOT`` …) is
      refused rather than guessed at.
   5. The query is interrupted after ``timeout_s`` or when it grows the process's memory past a
-     cap, and at most ``max_rows`` rows and ``max_bytes`` bytes come back (:func:`ioe.readonly.run_on`).
+     cap, and at most ``max_rows`` rows and ``max_bytes`` bytes come back (:func:`collector.readonly.run_on`).
 
-The file-backed, separate-connection variant used by the CLI is :mod:`ioe.readonly`.
+The file-backed, separate-connection variant used by the CLI is :mod:`collector.readonly`.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from collector.readonly import MAX_BYTES, ReadOnlyQueryError, run_on
 from collector.records import TABLES
-from ioe.readonly import MAX_BYTES, ReadOnlyQueryError, run_on
 
 ALLOWED_TABLE_FUNCTIONS = frozenset({"range", "generate_series", "unnest"})
 DENIED_FUNCTIONS = frozenset(

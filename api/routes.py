@@ -47,8 +47,8 @@ from api.params import (
 )
 from api.query import run_query
 from api.refresher import Cycle
+from collector.readonly import ReadOnlyQueryError
 from collector.records import TABLES
-from ioe.readonly import ReadOnlyQueryError
 
 log = logging.getLogger("ioe.api")
 NS = 1_000_000_000

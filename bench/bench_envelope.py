@@ -27,9 +27,9 @@ from analyzer.deployments import list_deployments
 from analyzer.envelope import analyze_deployment
 from analyzer.regression import p99_regression
 from analyzer.thresholds import Thresholds
+from collector.readonly import open_readonly
 from collector.records import frame
 from collector.store import Store
-from ioe.readonly import open_readonly
 
 BUDGET_S = 1.0
 T0 = 1_767_225_600 * NS

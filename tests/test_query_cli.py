@@ -7,10 +7,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from collector.readonly import ReadOnlyQueryError, run_readonly_query
 from collector.records import frame
 from collector.store import Store
 from ioe.cli import app
-from ioe.readonly import ReadOnlyQueryError, run_readonly_query
 
 runner = CliRunner()
 

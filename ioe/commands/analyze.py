@@ -18,7 +18,7 @@ import typer
 
 from analyzer.deployments import find_deployment, list_deployments
 from analyzer.report import build_report, latest_ns
-from ioe.readonly import open_readonly
+from collector.readonly import open_readonly
 
 NS = 1_000_000_000
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

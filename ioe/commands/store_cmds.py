@@ -11,8 +11,8 @@ import typer
 
 from collector.formats import IngestContext
 from collector.ingest import ingest_paths
+from collector.readonly import ReadOnlyQueryError, run_readonly_query
 from collector.store import Store
-from ioe.readonly import ReadOnlyQueryError, run_readonly_query
 
 
 def ingest(
