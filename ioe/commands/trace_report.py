@@ -9,6 +9,7 @@ followed by the store-backed analyses gives the same numbers.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,36 @@ def report(paths: list[Path], include_last_step: bool = False) -> dict[str, Any]
     return out
 
 
+NULL_REASONS = {
+    "comp_comm_overlap_pctg": "no communication kernel on this rank (every inference trace without TP)",
+    "comm_comp_overlap(us)": "no communication kernel on this rank",
+}
+
+
+def strict(obj: Any, reasons: dict[str, str] | None = None) -> Any:
+    """JSON has no NaN or Infinity: a non-finite number becomes ``null``, and the row it sits in
+    gains ``null_reasons`` naming why (from :data:`NULL_REASONS`, else "not defined")."""
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        why: dict[str, str] = {}
+        for key, value in obj.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                out[key] = None
+                why[key] = (reasons or NULL_REASONS).get(key, f"not defined ({value} in the computation)")
+            else:
+                out[key] = strict(value, reasons)
+        if why:
+            out["null_reasons"] = why
+        return out
+    if isinstance(obj, list | tuple):
+        return [strict(v, reasons) for v in obj]
+    return obj
+
+
+def _pct(value: Any) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value}%"
+
+
 def trace_report(
     paths: list[Path] = typer.Argument(..., help="Trace folders (one set per folder) or files."),
     include_last_step: bool = typer.Option(False, "--include-last-step", help="Keep the last ProfilerStep."),
@@ -67,7 +98,7 @@ def trace_report(
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
     if as_json:
-        typer.echo(json.dumps(result, indent=2, default=str))
+        typer.echo(json.dumps(strict(result), indent=2, default=str, allow_nan=False))
         return
     for trace_set, entry in result["sets"].items():
         typer.echo(f"== {trace_set}")
@@ -77,11 +108,33 @@ def trace_report(
                 f"compute {row['compute_time_pctg']}%, non-compute {row['non_compute_time_pctg']}%"
             )
         for row in entry.get("comm_comp_overlap", []):
-            typer.echo(f"  rank {row['rank']}: comm/comp overlap {row['comp_comm_overlap_pctg']}%")
+            typer.echo(f"  rank {row['rank']}: comm/comp overlap {_pct(row['comp_comm_overlap_pctg'])}")
+        for line in skew_lines(entry.get("arrival_skew", [])):
+            typer.echo(line)
     for p in result["problems"]:
         typer.echo(f"refused: {p}", err=True)
     if not result["sets"]:
         raise typer.Exit(1)
+
+
+def skew_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Arrival skew in words: per communicator and op, how late the last rank arrives and who it is."""
+    if not rows:
+        return ["  arrival skew: no collective seen on two or more ranks"]
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((str(row["comm_id"]), str(row["op"])), []).append(row)
+    out = []
+    for (comm, op), got in sorted(groups.items()):
+        skews = sorted(float(r["skew_us"]) for r in got)
+        last = [r["last_rank"] for r in got]
+        top = max(set(last), key=last.count)
+        median = skews[len(skews) // 2]
+        out.append(
+            f"  arrival skew, comm {comm} {op}: {len(got)} instances, median {median:g} us, "
+            f"max {skews[-1]:g} us; last to arrive most often: rank {top} ({last.count(top)} of {len(got)})"
+        )
+    return out
 
 
 def register(app: typer.Typer) -> None:
