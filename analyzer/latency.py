@@ -22,6 +22,11 @@ Rules:
     minute resolution, so history over days stays cheap.
  5. Means come from ``<hist>_sum`` / ``<hist>_count`` counters in ``engine_samples`` with the same
     reset-aware increase (rule 1), and are exact, not estimates.
+ 7. Where the raw tables are in the series layout (a store file or a writable store:
+    :mod:`collector.series`), increases are taken on the points table, one ``lag`` partition per
+    integer ``series_id`` (a series is exactly one cumulative counter), and only the selected
+    series' descriptions are joined back; the wide views (a DuckLake store, an old file opened
+    read-only) are read as before. Both give the same rows.
 """
 
 from __future__ import annotations
@@ -142,6 +147,34 @@ def _key_filter(keys: Sequence[str] | None) -> tuple[str, list[Any]]:
     return f" AND list_contains(?, {ENGINE_KEY_SQL})", [list(keys)]
 
 
+def _points_of(con: duckdb.DuckDBPyConnection, table: str, rollup: bool) -> bool:
+    """Rule 7: whether ``table`` is read from its points table here (series layout, raw rows)."""
+    if rollup:
+        return False
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND database_name = current_database()",
+        [f"{table}_points"],
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def _series_increases(table: str, value: str, described: str, where: str) -> str:
+    """Rule 7's statement: increases per point of the selected series, with ``described`` columns.
+
+    Parameters in order: the ``where`` filter's (concepts, keys), lower ts, upper ts."""
+    return f"""
+        WITH ser AS (
+            SELECT series_id, {described} FROM {table}_series
+            WHERE list_contains(?, concept){where}
+        ), p AS (
+            SELECT series_id, ts_ns, {value} AS c,
+                   lag({value}) OVER (PARTITION BY series_id ORDER BY ts_ns) AS prev
+            FROM {table}_points
+            WHERE ts_ns > ? AND ts_ns <= ? AND series_id IN (SELECT series_id FROM ser)
+        )
+        SELECT ser.*, p.ts_ns, p.c, p.prev FROM p JOIN ser USING (series_id)"""
+
+
 def bucket_increases(
     con: duckdb.DuckDBPyConnection,
     start_ns: int,
@@ -160,6 +193,15 @@ def bucket_increases(
     """
     where, params = _key_filter(keys)
     bin_ns = int(bin_s * NS) if bin_s else max(end_ns - start_ns, 1)
+    lower = start_ns - int(lookback_s * NS)
+    if _points_of(con, "histogram_buckets", rollup):  # rule 7
+        inner = _series_increases("histogram_buckets", "cumulative_count", "concept, le", where)
+        sql = f"""
+            SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin, le,
+                   sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS count
+            FROM ({inner}) WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin, le"""
+        args = [start_ns, bin_ns, list(concepts), *params, lower, end_ns, start_ns]
+        return con.execute(sql, args).pl()
     sql = f"""
         WITH s AS (
             SELECT concept, ts_ns, le, {ENGINE_KEY_SQL} AS k, labels, cumulative_count AS c,
@@ -171,7 +213,7 @@ def bucket_increases(
         SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin, le,
                sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS count
         FROM s WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin, le"""
-    args = [start_ns - int(lookback_s * NS), end_ns, list(concepts), *params, start_ns, bin_ns, start_ns]
+    args = [lower, end_ns, list(concepts), *params, start_ns, bin_ns, start_ns]
     return con.execute(sql, args).pl()
 
 
@@ -259,6 +301,15 @@ def counter_increases(
     """Rule 1 on ``engine_samples`` counters: ``[concept, bin, increase]`` summed over series."""
     where, params = _key_filter(keys)
     bin_ns = int(bin_s * NS) if bin_s else max(end_ns - start_ns, 1)
+    lower = start_ns - int(lookback_s * NS)
+    if _points_of(con, "engine_samples", rollup):  # rule 7
+        inner = _series_increases("engine_samples", "value", "concept", where)
+        sql = f"""
+            SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin,
+                   sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS increase
+            FROM ({inner}) WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin"""
+        args = [start_ns, bin_ns, list(concepts), *params, lower, end_ns, start_ns]
+        return con.execute(sql, args).pl()
     sql = f"""
         WITH s AS (
             SELECT concept, ts_ns, value AS c,
@@ -270,7 +321,7 @@ def counter_increases(
         SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin,
                sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS increase
         FROM s WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin"""
-    args = [start_ns - int(lookback_s * NS), end_ns, list(concepts), *params, start_ns, bin_ns, start_ns]
+    args = [lower, end_ns, list(concepts), *params, start_ns, bin_ns, start_ns]
     return con.execute(sql, args).pl()
 
 

@@ -1,0 +1,96 @@
+"""Counter and histogram increases on the series layout's points equal those on the wide views.
+
+The wide-view statement is the reference (it is what a DuckLake store and an old file run); the
+points statement must give the same rows on the same data, including counter resets and a
+deployment's key filter."""
+
+from __future__ import annotations
+
+import pytest
+from api_store import END_NS, START_NS, build
+
+import analyzer.latency as latency
+from collector.records import frame
+from collector.store import Store
+
+NS = 1_000_000_000
+
+
+@pytest.fixture(scope="module")
+def store() -> Store:
+    st = build()
+    # a counter that resets (an engine restart) inside the window, on a series of its own
+    rows = [
+        {
+            "ts_ns": START_NS + i * 10 * NS,
+            "source": "restarted",
+            "engine": "vllm",
+            "model": "m",
+            "dp_rank": 0,
+            "tp_rank": 0,
+            "pp_rank": 0,
+            "ep_rank": 0,
+            "concept": "prompt_tokens",
+            "labels": "{}",
+            "value": float(v),
+        }
+        for i, v in enumerate([100, 200, 300, 40, 90, 150])
+    ]
+    st.write("engine_samples", frame("engine_samples", rows))
+    return st
+
+
+def _same(a: object, b: object) -> bool:
+    """Same rows; values equal up to float summation order (DuckDB adds in parallel, in any order)."""
+    import polars as pl
+
+    assert isinstance(a, pl.DataFrame) and isinstance(b, pl.DataFrame)
+    value = a.columns[-1]
+    keys = a.columns[:-1]
+    if a.select(keys).to_dicts() != b.select(keys).to_dicts():
+        return False
+    return a[value].to_list() == pytest.approx(b[value].to_list(), rel=1e-12, abs=1e-9)
+
+
+def _both(fn: object, store: Store, **kw: object) -> tuple[object, object]:
+    out = []
+    with store.cursor() as cur:
+        assert latency._points_of(cur, "histogram_buckets", False)  # this store is in the series layout
+        for wide in (True, False):
+            original = latency._points_of
+            if wide:
+                latency._points_of = lambda *a: False  # type: ignore[assignment]
+            try:
+                out.append(fn(cur, **kw))  # type: ignore[operator]
+            finally:
+                latency._points_of = original
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("bin_s", [None, 60.0])
+def test_bucket_increases_match(store: Store, bin_s: float | None) -> None:
+    wide, points = _both(latency.bucket_increases, store, start_ns=START_NS, end_ns=END_NS, bin_s=bin_s)
+    assert wide.height > 0 and _same(wide, points)  # type: ignore[attr-defined]
+
+
+def test_counter_increases_match_with_a_reset_and_a_key_filter(store: Store) -> None:
+    concepts = ["prompt_tokens", "ttft_seconds_count", "ttft_seconds_sum"]
+    wide, points = _both(
+        latency.counter_increases,
+        store,
+        start_ns=START_NS - 60 * NS,
+        end_ns=END_NS,
+        concepts=concepts,
+        bin_s=30.0,
+    )
+    assert wide.height > 0 and _same(wide, points)  # type: ignore[attr-defined]
+    only, _ = _both(
+        latency.counter_increases,
+        store,
+        start_ns=START_NS - 60 * NS,
+        end_ns=END_NS,
+        concepts=["prompt_tokens"],
+        keys=["restarted|vllm|0"],
+    )
+    # 100→200→300 then a reset to 40 (counts 40), →90, →150: 100 + 100 + 40 + 50 + 60
+    assert only["increase"].to_list() == [350.0]  # type: ignore[index]
