@@ -17,6 +17,11 @@ Rules:
     size on its hosts (``inferred_from`` says which).
  4. An inferred deployment's hosts are the ``targets.host`` of its sources; its GPUs are every GPU
     on those hosts; when no host is known and it is the only deployment, it owns every GPU.
+ 5. "Seen at or after ``since_ns``" is read without scanning the store: in the series layout
+    (:mod:`collector.series`) the series come from the small ``*_series`` tables, and with a
+    ``since_ns`` only the points at or after it are read (time-ordered points, so older row
+    groups are skipped); series whose points retention removed are pruned there. Wide tables
+    (DuckLake, an old file read-only) are scanned as before.
 """
 
 from __future__ import annotations
@@ -104,21 +109,45 @@ def _declared_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
 
 
+def has_points(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """Whether raw table ``table`` is in the series layout on this connection (rule 5)."""
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND database_name = current_database()",
+        [f"{table}_points"],
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def _seen_since(con: duckdb.DuckDBPyConnection, table: str, since_ns: int) -> tuple[str, list[Any]]:
+    """Rule 5: the relation to read ``table``'s series from, and its parameters."""
+    if not has_points(con, table):
+        return f"(SELECT * FROM {table} WHERE ts_ns >= ?)", [since_ns]
+    if since_ns <= 0:
+        return f"{table}_series", []
+    return (
+        f"(SELECT * FROM {table}_series WHERE series_id IN "
+        f"(SELECT DISTINCT series_id FROM {table}_points WHERE ts_ns >= ?))",
+        [since_ns],
+    )
+
+
 def _engine_series(con: duckdb.DuckDBPyConnection, since_ns: int) -> list[dict[str, Any]]:
+    rel, args = _seen_since(con, "engine_samples", since_ns)
     rows = con.execute(
         f"""SELECT {ENGINE_KEY_SQL} AS key, source, any_value(model), max(tp_rank), max(pp_rank),
                    max(ep_rank), any_value(dp_rank)
             FROM (SELECT DISTINCT source, engine, model, dp_rank, tp_rank, pp_rank, ep_rank
-                  FROM engine_samples WHERE ts_ns >= ?) GROUP BY ALL ORDER BY key""",
-        [since_ns],
+                  FROM {rel}) GROUP BY ALL ORDER BY key""",
+        args,
     ).fetchall()
     names = ("key", "source", "model", "tp_max", "pp_max", "ep_max", "dp_rank")
     return [dict(zip(names, r, strict=True)) for r in rows]
 
 
 def _gpus(con: duckdb.DuckDBPyConnection, since_ns: int) -> list[tuple[str, str]]:
-    sql = "SELECT DISTINCT host, uuid FROM gpu_samples WHERE ts_ns >= ? ORDER BY ALL"
-    return [(str(h), str(u)) for h, u in con.execute(sql, [since_ns]).fetchall()]
+    rel, args = _seen_since(con, "gpu_samples", since_ns)
+    sql = f"SELECT DISTINCT host, uuid FROM {rel} ORDER BY ALL"
+    return [(str(h), str(u)) for h, u in con.execute(sql, args).fetchall()]
 
 
 def _target_hosts(con: duckdb.DuckDBPyConnection) -> dict[str, str]:

@@ -40,7 +40,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analyzer.deployments import ENGINE_KEY_SQL
+from analyzer.deployments import ENGINE_KEY_SQL, has_points
 
 HISTOGRAMS = (
     "ttft_seconds",
@@ -149,13 +149,7 @@ def _key_filter(keys: Sequence[str] | None) -> tuple[str, list[Any]]:
 
 def _points_of(con: duckdb.DuckDBPyConnection, table: str, rollup: bool) -> bool:
     """Rule 7: whether ``table`` is read from its points table here (series layout, raw rows)."""
-    if rollup:
-        return False
-    row = con.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND database_name = current_database()",
-        [f"{table}_points"],
-    ).fetchone()
-    return bool(row and row[0])
+    return not rollup and has_points(con, table)
 
 
 def _series_increases(table: str, value: str, described: str, where: str) -> str:

@@ -94,3 +94,20 @@ def test_counter_increases_match_with_a_reset_and_a_key_filter(store: Store) -> 
     )
     # 100→200→300 then a reset to 40 (counts 40), →90, →150: 100 + 100 + 40 + 50 + 60
     assert only["increase"].to_list() == [350.0]  # type: ignore[index]
+
+
+def test_deployment_listing_reads_the_series_not_the_store(store: Store) -> None:
+    """Same deployments from the series tables as from a scan of the wide views, whole store or since."""
+    import analyzer.deployments as deployments
+
+    with store.cursor() as cur:
+        for since in (0, END_NS - 300 * NS, END_NS + NS):
+            got = deployments.list_deployments(cur, since)
+            original = deployments.has_points
+            deployments.has_points = lambda *a: False  # type: ignore[assignment]
+            try:
+                wide = deployments.list_deployments(cur, since)
+            finally:
+                deployments.has_points = original
+            assert got == wide
+    assert deployments.list_deployments(store.con, 0)  # the fixture's deployment is listed
