@@ -8,6 +8,8 @@ passes, strict xfail turns that into a failure, and the mark must be removed.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,3 +85,16 @@ def test_cli_verdict_follows_the_wall_per_window(
     report = analyze_json(store, window_s=w.end_s - w.start_s, at_s=sc.t0 + w.end_s)
     zone, _ = _primary(report, sc)
     assert zone == w.zone, f"{name} [{w.start_s:g}, {w.end_s:g}) s: expected {w.zone}"
+
+
+def test_verdicts_doc_is_current(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """docs/verdicts.md is what scripts/gen_verdicts_doc.py writes from today's verdicts."""
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "gen_verdicts_doc", root / "scripts" / "gen_verdicts_doc.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = mod.render_doc(tmp_path_factory.getbasetemp() / "truth")
+    assert (root / "docs" / "verdicts.md").read_text() == text, "run scripts/gen_verdicts_doc.py"

@@ -28,8 +28,9 @@ LIGHT = Scenario(
     _steady(0.25, 800, 250),
     Expected(
         "headroom",
-        "About one request in flight: the GPU is idle half the time, KV cache ~0.5 % used, nothing waits, "
-        "TTFT ~0.1 s and ITL at the single-sequence floor (weights ÷ HBM bandwidth ≈ 7 ms). Every wall is "
+        "Half a request in flight on average: the GPU is idle ~60 % of the time, KV cache under 1 % used, "
+        "nothing waits, TTFT tens of ms and ITL at the single-sequence floor (weights ÷ HBM bandwidth ≈ 7 "
+        "ms). Every wall is "
         "far "
         "away; load can grow many-fold before any of them binds.",
     ),
@@ -44,9 +45,9 @@ HBM_1GPU = Scenario(
     _steady(17.0, 100, 800),
     Expected(
         "hbm_bandwidth",
-        "~190 sequences decode together with short prompts: every step streams 16 GB of weights plus ~12 GB "
-        "of KV, DRAM_ACTIVE sits at its ~0.8 ceiling while the tensor pipes run at ~0.35; ITL is ~1.7× the "
-        "single-sequence floor and grows with batch. KV is half used and nothing queues: the binding wall "
+        "~160 sequences decode together with short prompts: every step streams 16 GB of weights plus ~10 GB "
+        "of KV, DRAM_ACTIVE sits at its ~0.8 ceiling while the tensor pipes run at ~0.3; ITL is ~1.6× the "
+        "single-sequence floor and grows with batch. KV is ~20 % used and nothing queues: the binding wall "
         "is HBM bandwidth.",
     ),
     seed=12,
@@ -60,8 +61,8 @@ HBM_TP4 = Scenario(
     _steady(7.0, 100, 600),
     Expected(
         "hbm_bandwidth",
-        "TP4 on NVLink, ~150 sequences decoding: each GPU streams its 35 GB weight shard plus KV every step "
-        "(DRAM_ACTIVE ~0.65, tensor ~0.3). The two all-reduces per layer run on NVLink (~20 % of the step, "
+        "TP4 on NVLink, ~90 sequences decoding: each GPU streams its 35 GB weight shard plus KV every step "
+        "(DRAM_ACTIVE ~0.6, tensor ~0.2). The two all-reduces per layer run on NVLink (~20 % of the step, "
         "fabric overhead inside the node, not a network). Nothing queues and KV is not full: HBM bandwidth "
         "binds.",
     ),
@@ -125,7 +126,7 @@ TP8_LIGHT = Scenario(
     _steady(0.5, 800, 300),
     Expected(
         "headroom",
-        "TP8 in one node: the two all-reduces per layer are small (~100 KB) latency-bound messages on "
+        "TP8 in one node: the two all-reduces per layer are small (~32 KB) latency-bound messages on "
         "NVLink, "
         "so their bus bandwidth is far below link peak and they take a large share of a small-batch step — "
         "that is fabric overhead inside one NVLink domain, not a network wall (no collective crosses a "
@@ -179,7 +180,8 @@ TP16_IB_RAMP = _tp16(
     IB_NDR,
     (Phase(0.0, 600.0, 0.5, 6.0, 800, 300),),
     "TP16 across two nodes on 400 Gb/s InfiniBand: faster than Ethernet, but every step still waits on "
-    "160 cross-node all-reduces (~70 % of the step). ITL grows with load while the GPUs stay unsaturated: "
+    "160 cross-node all-reduces (~80 % of the step at the top of the ramp). ITL grows with load while the "
+    "GPUs stay unsaturated: "
     "the network (cross-node TP) is the wall; TP8 per node with PP or DP across would not pay it.",
     23,
 )
