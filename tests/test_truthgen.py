@@ -102,7 +102,8 @@ def test_scenario_is_small_fast_and_deterministic(name: str, tmp_path: Path) -> 
     render(sc, tmp_path / "b")
     size = sum(p.stat().st_size for p in (tmp_path / "a").rglob("*") if p.is_file())
     assert size < 2_000_000, f"{name}: {size} bytes"
-    assert elapsed < 2.0, f"{name}: {elapsed:.2f} s"  # well under a second on an idle core
+    # well under a second on an idle core; the bound only catches a runaway generator on a busy CI machine
+    assert elapsed < 10.0, f"{name}: {elapsed:.2f} s"
 
     def digest(root: Path) -> str:
         h = hashlib.sha256()
