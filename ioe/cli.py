@@ -6,8 +6,11 @@ registered here, so adding a command never means editing this file.
 Rule: ``ioe NAME …`` where ``ioe/commands/NAME.py`` exists registers that module alone (``-``
 read as ``_``), so a long-running command carries only its own imports: ``ioe sidecar`` would
 otherwise load every analysis module (numpy and the analyzer: +13 MB resident for its whole
-life). Anything else (``ioe --help``, ``ioe ingest``) registers every module. ``ioe.cli.app``
-imported from Python is always the complete application.
+life). ``ioe --version`` registers none. Anything else (``ioe --help``, ``ioe ingest``) registers
+every module. ``ioe.cli.app`` imported from Python is always the complete application.
+
+``-h`` is ``--help`` everywhere; ``--version`` prints ``ioe <version>`` (the installed
+distribution's version, or the checkout's pyproject version: :func:`api.openapi.package_version`).
 """
 
 from __future__ import annotations
@@ -28,12 +31,25 @@ _app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 _registered: set[str] = set()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from api.openapi import package_version
+
+        typer.echo(f"ioe {package_version()}")
+        raise typer.Exit()
+
+
 @_app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
     """Inference Operating Envelope analyzer: which wall each LLM inference deployment is against."""
     # a callback keeps ``ioe`` a command group when only one command is registered (rule)
 
@@ -55,6 +71,8 @@ def _register(names: list[str]) -> typer.Typer:
 
 def _for_argv(argv: list[str]) -> typer.Typer:
     """The application with just the invoked command's module, or with all of them (rule)."""
+    if argv[1:] == ["--version"]:
+        return _app
     wanted = argv[1].replace("-", "_") if len(argv) > 1 else ""
     modules = _modules()
     return _register([wanted] if wanted in modules and not wanted.startswith("_") else modules)
