@@ -14,11 +14,14 @@ The search, for a GPU budget, a topology and a workload (ISL, OSL, SLOs):
      with KV headroom → DP), Step 2 (fits one node → TP inside NVLink), Step 3 (multi-node → PP
      across nodes), Step 4 (MoE → EP for experts), and the interconnect check (TP or EP over a
      slow link; P/D only over an RDMA fabric).
+  5. A candidate that meets no SLO says why in words (:func:`why_infeasible`): the memory that
+     does not fit, or the TTFT/TPOT that misses its SLO with one request per replica.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 
 from analyzer import capacity as cap
@@ -73,6 +76,7 @@ class Candidate:
     wall: str = ""
     reasons: list[str] = field(default_factory=list)
     terms: dict[str, float] = field(default_factory=dict)
+    infeasible: str = ""  # why no concurrency meets the SLOs, in words (empty when one does)
 
     @property
     def name(self) -> str:
@@ -105,6 +109,7 @@ class Candidate:
             "batch_per_replica": self.batch, "ttft_ms": _ms(self.ttft_s), "tpot_ms": _ms(self.tpot_s),
             "goodput_tok_s_per_gpu": round(self.goodput_per_gpu, 1),
             "kv_headroom_sequences": self.kv_headroom_sequences, "wall": self.wall, "reasons": self.reasons,
+            "feasible": not self.infeasible, "why_infeasible": self.infeasible or None,
         }  # fmt: skip
 
 
@@ -116,7 +121,21 @@ def pp_inside_node(lay: Layout, per_node: int) -> bool:
 
 
 def _ms(s: float) -> float | None:
-    return None if s == float("inf") else round(s * 1e3, 2)
+    return None if not math.isfinite(s) else round(s * 1e3, 2)
+
+
+def why_infeasible(kv: cap.Capacity, est: perf.Estimate | None, w: Workload) -> str:
+    """Why a layout serves no concurrency within the SLOs, in words (note 5)."""
+    if not kv.fits:
+        return f"does not fit: {kv.reason}"
+    if est is None:
+        return "no estimate"
+    over = []
+    if est.ttft_s > w.ttft_slo_s:
+        over.append(f"TTFT {est.ttft_s * 1e3:.0f} ms > SLO {w.ttft_slo_s * 1e3:.0f} ms")
+    if est.tpot_s > w.tpot_slo_s:
+        over.append(f"TPOT {est.tpot_s * 1e3:.1f} ms > SLO {w.tpot_slo_s * 1e3:.1f} ms")
+    return "misses the SLOs even with one request per replica: " + ", ".join(over or ["no slot"])
 
 
 def _pow2_upto(n: int) -> list[int]:
@@ -139,7 +158,16 @@ def layouts(p: Problem) -> list[Layout]:
             if p.model.is_moe and tp > 1:
                 out.append(replace(base, ep=tp))
                 out.append(replace(base, ep=tp, attention_dp=True))
-    return out
+    return [lay for lay in out if _accepted(p.model, lay)]
+
+
+def _accepted(model: ModelConfig, lay: Layout) -> bool:
+    """Whether the engines accept ``lay`` for ``model`` (:func:`analyzer.capacity.check_layout`)."""
+    try:
+        cap.check_layout(model, lay)
+    except ValueError:
+        return False
+    return True
 
 
 def _best_batch(p: Problem, lay: Layout, w: Workload) -> tuple[int, perf.Estimate | None]:
@@ -180,6 +208,8 @@ def evaluate(p: Problem, lay: Layout, w: Workload) -> Candidate:
         c.ttft_s, c.tpot_s, c.wall, c.terms = est.ttft_s, est.tpot_s, est.wall, est.terms
         if b:
             c.goodput_per_gpu = est.throughput_per_gpu(lay, w.osl)
+    if not b:
+        c.infeasible = why_infeasible(kv, est, w)
     c.reasons = reasons(p, c, w)
     if not kv.fits:
         c.wall = "kv_capacity"
@@ -196,6 +226,7 @@ def evaluate_disagg(p: Problem, lay: Layout, n_prefill: int, w: Workload) -> Can
     c = Candidate(layout=single, disagg=(n_prefill, n_decode))
     if agg.batch == 0:
         c.wall, c.reasons = agg.wall, [*agg.reasons, "P/D: a replica meets no SLO, so neither pool can"]
+        c.infeasible = agg.infeasible
         return c
     b = agg.batch
     est = perf.disaggregated_latency(p.model, p.gpu, single, single, 1, b, w.isl, w.osl, p.backend,
@@ -205,6 +236,10 @@ def evaluate_disagg(p: Problem, lay: Layout, n_prefill: int, w: Workload) -> Can
     c.batch, c.ttft_s, c.tpot_s, c.terms = b, est.ttft_s, est.tpot_s, est.terms
     ok = est.ttft_s <= w.ttft_slo_s and est.tpot_s <= w.tpot_slo_s
     c.goodput_per_gpu = min(prefill_rate, decode_rate) * w.osl / p.gpus if ok else 0.0
+    if not ok:
+        c.infeasible = "P/D: " + why_infeasible(
+            cap.capacity(p.model, p.gpu, single, context_tokens=w.isl + w.osl, precision=p.precision), est, w
+        ).replace("even with one request per replica", f"at the aggregated layout's {b} per replica")
     c.wall = "network" if est.terms["kv_transfer_s"] > 0.1 * est.ttft_s else est.wall
     c.reasons = reasons(p, c, w)
     return c

@@ -61,12 +61,15 @@ def plan(
         out["baseline"] = base.as_dict()
         out["change"] = planner.compare(base, ranked[0])
     if as_json:
-        typer.echo(json.dumps(out, indent=2, default=str))
+        typer.echo(json.dumps(out, indent=2, default=str, allow_nan=False))
         return
     for i, c in enumerate(ranked[:top], 1):
         d = c.as_dict()
-        typer.echo(f"{i}. {c.name}: {d['goodput_tok_s_per_gpu']} tok/s/GPU, TTFT {d['ttft_ms']} ms, "
-                   f"TPOT {d['tpot_ms']} ms, wall {c.wall}")  # fmt: skip
+        if c.infeasible:
+            typer.echo(f"{i}. {c.name}: infeasible: {c.infeasible}")
+        else:
+            typer.echo(f"{i}. {c.name}: {d['goodput_tok_s_per_gpu']} tok/s/GPU, TTFT {d['ttft_ms']} ms, "
+                       f"TPOT {d['tpot_ms']} ms, wall {c.wall}")  # fmt: skip
         for r in c.reasons:
             typer.echo(f"     - {r}")
     if "change" in out:
