@@ -15,6 +15,7 @@ import functools
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,31 +90,59 @@ def _model(name: str) -> modelcfg.ModelConfig:
     return modelcfg.load(name)
 
 
-def estimate_row(row: dict[str, str], eff: perf.Efficiency | None = None) -> perf.Estimate:
-    """The estimate for one calibration-style row; raises ``ValueError``/``KeyError`` naming the column.
+@dataclass(frozen=True)
+class RowInputs:
+    """What one calibration-style row asks for (:func:`row_inputs`)."""
 
-    ``eff`` replaces the tabled factors of the row's (backend, GPU) (calibration fits them with it).
-    Disaggregated rows use their worker counts: ``prefill_num_workers`` prefill servers and
-    ``decode_num_workers`` decode servers share the benchmark's clients (:func:`row_concurrency`;
-    :func:`analyzer.perf.disaggregated_latency`).
-    """
+    model: modelcfg.ModelConfig
+    gpu: catalog.Gpu
+    backend: str
+    precision: str
+    isl: int
+    osl: int
+    disagg: bool
+    layout: Layout  # the aggregated layout (the prefill layout of a disaggregated row)
+    batch: int
+
+
+def row_inputs(row: dict[str, str]) -> RowInputs:
+    """The model, GPU, backend, shape and layout of one row; raises ``ValueError``/``KeyError``
+    naming the column."""
     model = _model(row.get("model_path") or row.get("model") or "")
     gpu = catalog.gpu(row.get("system") or row.get("gpu") or "")
     backend = (row.get("backend") or "vllm").strip().lower()
-    isl, osl, precision = _num(row, "isl"), _num(row, "osl"), _precision(row)
-    if (row.get("mode") or "agg").strip() == "disagg":
-        return perf.disaggregated_latency(
-            model, gpu, _layout(row, "prefill_"), _layout(row, "decode_"),
-            _num(row, "prefill_batch_size", 1), _num(row, "decode_batch_size", 1),
-            isl, osl, backend, precision, None,
-            _num(row, "prefill_num_workers", 1) or 1, _num(row, "decode_num_workers", 1) or 1,
-            row_concurrency(row), eff or perf.efficiency(backend, gpu.name, harness=True),
-        )  # fmt: skip
-    factors = eff or perf.efficiency(backend, gpu.name, harness=True)  # the rows' own benchmark
-    return perf.expected_latency(
-        model, gpu, _layout(row), _num(row, "batch_size"), isl, osl, backend, precision,
-        burst_share=factors.burst_share, eff=factors,
+    disagg = (row.get("mode") or "agg").strip() == "disagg"
+    return RowInputs(
+        model, gpu, backend, _precision(row), _num(row, "isl"), _num(row, "osl"), disagg,
+        _layout(row, "prefill_") if disagg else _layout(row), 0 if disagg else _num(row, "batch_size"),
     )  # fmt: skip
+
+
+def estimate_row(row: dict[str, str], eff: perf.Efficiency | None = None) -> perf.Estimate:
+    """The live model's estimate for one calibration-style row; raises ``ValueError``/``KeyError``
+    naming the column.
+
+    1. Aggregated rows: :func:`analyzer.perf.expected_latency` at ``batch_size`` requests in the
+       system. No benchmark-harness term is added (the closed-loop harness model that compares
+       with benchmark rows is ``bench/closed_loop.py``).
+    2. Disaggregated rows use their worker counts: ``prefill_num_workers`` prefill servers and
+       ``decode_num_workers`` decode servers share the benchmark's clients (:func:`row_concurrency`;
+       :func:`analyzer.perf.disaggregated_latency`).
+    ``eff`` replaces the tabled factors of the row's (backend, GPU) (calibration fits them with it).
+    """
+    r = row_inputs(row)
+    factors = eff or perf.efficiency(r.backend, r.gpu.name)
+    if r.disagg:
+        return perf.disaggregated_latency(
+            r.model, r.gpu, r.layout, _layout(row, "decode_"),
+            _num(row, "prefill_batch_size", 1), _num(row, "decode_batch_size", 1),
+            r.isl, r.osl, r.backend, r.precision, None,
+            _num(row, "prefill_num_workers", 1) or 1, _num(row, "decode_num_workers", 1) or 1,
+            row_concurrency(row), factors,
+        )  # fmt: skip
+    return perf.expected_latency(
+        r.model, r.gpu, r.layout, r.batch, r.isl, r.osl, r.backend, r.precision, eff=factors
+    )
 
 
 def annotate(row: dict[str, str]) -> dict[str, Any]:
