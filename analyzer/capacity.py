@@ -17,6 +17,13 @@ Rules (REFERENCE §5):
      NCCL buffers and CUDA graphs.
   6. Max concurrency = (usable − weights/GPU − activations) / (KV per GPU per sequence), per
      replica; attention-DP multiplies it by the group size (each rank holds its own sequences).
+  7. A layout that leaves no room for one sequence does not fit; :attr:`Capacity.reason` says
+     whether the weights and activations alone overflow HBM or the KV room is too small.
+  8. A layout the engines refuse is an error (:func:`check_layout`): TP must divide the attention
+     heads (vLLM, SGLang and TRT-LLM split heads evenly over TP ranks), and the KV heads must
+     divide evenly too — KV heads % TP = 0, or TP % KV heads = 0 where TP exceeds them and each
+     KV head is replicated on TP / KV heads ranks; PP at most the layers; EP only for an MoE
+     model, dividing its routed experts.
 """
 
 from __future__ import annotations
@@ -62,6 +69,25 @@ class Layout:
         if self.attention_dp:
             parts.append("attnDP")
         return "·".join(parts)
+
+
+def check_layout(model: ModelConfig, layout: Layout) -> None:
+    """Raise ``ValueError`` naming the rule when an engine would refuse ``layout`` (note 8)."""
+    tp, name = layout.tp, model.name
+    if min(layout.tp, layout.pp, layout.dp, layout.ep) < 1:
+        raise ValueError(f"{layout.label()}: every parallel degree must be at least 1")
+    if not layout.attention_dp:
+        if model.heads % tp:
+            raise ValueError(f"TP{tp} does not divide {name}'s {model.heads} attention heads")
+        kv = model.kv_heads
+        if (tp <= kv and kv % tp) or (tp > kv and tp % kv):
+            raise ValueError(f"TP{tp} does not divide {name}'s {kv} KV heads (nor is it a multiple of them)")
+    if layout.pp > model.layers:
+        raise ValueError(f"PP{layout.pp} exceeds {name}'s {model.layers} layers")
+    if layout.ep > 1 and not model.is_moe:
+        raise ValueError(f"EP{layout.ep} needs an MoE model; {name} is dense")
+    if layout.ep > 1 and model.experts % layout.ep:
+        raise ValueError(f"EP{layout.ep} does not divide {name}'s {model.experts} routed experts")
 
 
 def bytes_per_param(precision: str) -> float:
@@ -156,6 +182,23 @@ class Capacity:
     def fits(self) -> bool:
         """Weights and activations fit with room for at least one sequence of the context."""
         return self.max_sequences >= 1
+
+    @property
+    def reason(self) -> str:
+        """Why the layout does not fit, in words (empty when it fits; note 7)."""
+        if self.fits:
+            return ""
+        gb = 1e9
+        if self.kv_budget_bytes <= 0:
+            w, a = self.weights_bytes / gb, self.activation_bytes / gb
+            return (
+                f"weights {w:.1f} GB + activations {a:.1f} GB per GPU exceed the "
+                f"{self.usable_bytes / gb:.1f} GB usable of {self.hbm_bytes / gb:.0f} GB HBM"
+            )
+        return (
+            f"KV room {self.kv_budget_bytes / gb:.2f} GB per GPU is less than one sequence's KV "
+            f"({self.kv_per_sequence_bytes / gb:.2f} GB)"
+        )
 
 
 def capacity(

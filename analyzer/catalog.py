@@ -125,15 +125,15 @@ GPUS: dict[str, Gpu] = {
 }
 
 # Ordered (pattern, canonical) pairs: first match wins, so more specific patterns come first.
+# A family name must stand alone as a number: "h100_80gb" is an H100, "h1000" is not.
 _GPU_PATTERNS: tuple[tuple[str, str], ...] = (
-    (r"gb200|nvl72", "gb200"),
-    (r"b200", "b200_sxm"),
-    (r"h200", "h200_sxm"),
-    (r"gh200", "h200_sxm"),
-    (r"h100.*(pcie|nvl\b)", "h100_pcie"),
-    (r"h100|h800", "h100_sxm"),
-    (r"a100|a800", "a100_sxm"),
-    (r"mi300x?", "mi300x"),
+    (r"gb200(?![0-9])|nvl72", "gb200"),
+    (r"(?<![0-9])b200(?![0-9])", "b200_sxm"),
+    (r"(?<![0-9])h200(?![0-9])", "h200_sxm"),
+    (r"(?<![0-9])h100(?![0-9]).*(pcie|nvl\b)", "h100_pcie"),
+    (r"(?<![0-9])(h100|h800)(?![0-9])", "h100_sxm"),
+    (r"(?<![0-9])(a100|a800)(?![0-9])", "a100_sxm"),
+    (r"(?<![0-9])mi300x?(?![0-9])", "mi300x"),
 )
 
 _FABRIC_ALIASES = {
@@ -165,7 +165,8 @@ def _norm(name: str) -> str:
 def gpu(name: str) -> Gpu:
     """The catalog GPU for a free-form name (catalog key, DCGM modelName, CSV ``system``).
 
-    1. An exact catalog key wins. 2. Otherwise the first matching family pattern.
+    1. An exact catalog key wins. 2. Otherwise the first matching family pattern; the family's
+       number must not run on into more digits (``h1000`` is not an H100).
     3. Unknown names raise ``KeyError`` quoting the name and listing the known ones.
     """
     key = _norm(name)

@@ -5,8 +5,9 @@ Rules (REFERENCE §5), per GPU of the most loaded pipeline stage:
      HBM time = (weights/GPU touched + KV of the batch) / (HBM bandwidth × hbm_eff); an MoE step
      touches only the experts the batch routes to (``min(experts, batch × top_k)``).
      Compute time = 2 × active params × tokens / (TP·PP) / (dense peak × mfu) + attention FLOPs.
-  2. Prefill is compute-bound: 2 × active params × prompt tokens + 2 × layers × ISL² × heads ×
-     head_dim (causal attention), over the same roofline.
+  2. Prefill: 2 × active params × prompt tokens + 2 × layers × ISL² × heads × head_dim (causal
+     attention) over the compute roofline, but never less than one read of the weights it
+     touches (a short prompt on a large or MoE model is HBM-bound).
   3. TP: 2 all-reduces per layer of tokens × hidden × 2 B; ring traffic 2(n−1)/n × message.
      PP: hidden × 2 B per token at each stage boundary; a token crosses all PP stages in turn,
      each running 1/PP of the batch (the pipeline's micro-batches), so PP does not shorten TPOT.
@@ -16,35 +17,40 @@ Rules (REFERENCE §5), per GPU of the most loaded pipeline stage:
      P/D: KV bytes/token × ISL per request crosses the inter-node fabric.
   4. Each transfer costs the latency + bytes / one-way bandwidth of the link it crosses: the
      scale-up (NVLink) domain when the group fits in one node, the inter-node fabric otherwise.
-  5. Serving at concurrency C in aggregated mode: the running batch is min(C, sequences that fit
-     in KV). Spread-out arrivals (:func:`steady_latency`): ``running / OSL`` prompts join per
-     step; a "mixed" engine (vLLM, TRT-LLM) folds a prompt's tokens into one decode step's GEMMs
-     (weights read once) — a share of the steps carries a prompt, the rest decode only, and TPOT
-     is their mean — a "prefill_first" engine (SGLang) pauses decoding for each prefill.
-     Waves (:func:`wave_latency`): a closed-loop benchmark starts all C clients at once; the
-     wave's prompts are prefilled in step-budget chunks, so request i waits for the chunks ahead
-     of it. ``burst_share`` mixes the two (the harness, not the hardware). When C exceeds what
-     fits, the rest wait for a slot (queue_wait_s). Pipeline stages each run their micro-batch
-     as a separate engine step, so PP pays the per-step overhead once per stage.
+  5. Serving at concurrency C (requests in the system per replica) in aggregated mode: the
+     running batch is min(C, sequences the KV pool holds under the engine's admission policy):
+     vLLM and SGLang allocate KV blocks as tokens are written and preempt when the pool runs
+     out, so a running sequence holds on average its prompt plus half its output (ISL + OSL/2);
+     TRT-LLM's default GUARANTEED_NO_EVICT scheduler reserves ISL + OSL at admission. One
+     sequence must still fit whole (ISL + OSL). Spread-out arrivals (:func:`steady_latency`):
+     ``running / OSL`` prompts join per step; a "mixed" engine (vLLM, TRT-LLM) folds a prompt's
+     tokens into one decode step's GEMMs (weights read once) — a share of the steps carries a
+     prompt, the rest decode only, and TPOT is their mean — a "prefill_first" engine (SGLang)
+     pauses decoding for each prefill. Prompts queue for the prefill capacity as an M/D/1 queue
+     (Poisson arrivals, deterministic prefill service): with utilization ρ the wait is
+     ρ S / (2(1 − ρ)), ρ held below 0.95 (beyond it the wait grows linearly in ρ instead of
+     diverging, so the estimate stays finite and monotone). With free KV, free slots and light
+     prefill load, TTFT is therefore the prefill (its chunks' steps) plus at most about one
+     step. When C exceeds the running batch, the rest wait for a slot (queue_wait_s, Little's
+     law: (C / running − 1) × a request's time in the batch). Pipeline stages each run their
+     micro-batch as a separate engine step, so PP pays the per-step overhead once per stage.
+     Waves (:func:`wave_latency`): prompts that arrive together are prefilled in step-budget
+     chunks, request i waiting for the chunks ahead of it. A closed-loop benchmark (C clients,
+     each sending its next request when the previous ends, all starting at once) is a harness,
+     modelled outside the live model (``bench/closed_loop.py``).
   6. All efficiency factors are in one block: :data:`EFFICIENCY` (one row per backend) and
      :data:`PLATFORM_EFFICIENCY` (a (backend, GPU) row fitted on that platform's measurements),
      resolved by :func:`efficiency` — nothing per row or per model.
   7. Disaggregated serving (:func:`disaggregated_latency`): decode workers run pure decode
      steps; with a known client count the prefill pool is an M/D/1 queue and decode slots beyond
      KV capacity wait.
-  8. Slot handoff in a closed loop, the same formula on every aggregated row whose C clients
-     all fit in the batch: TTFT += slot_wait × OSL × TPOT / C. A client resends the moment its
-     request completes, but in-flight batching frees the finished slot an iteration later (the
-     engine's max batch is the client count), so a share ``slot_wait`` of new
-     requests waits for the next completion, one gap of the C evenly spread completions (none
-     for a lone client, C = 1: no other request can complete, its own slot frees a step later).
-     ``slot_wait`` is the harness, not the hardware: planning passes 0.
+  8. The live model has no term for a benchmark's harness (its opening burst, its repeated
+     prompts, a closed loop's slot handoff): those belong to the harness model in
+     ``bench/closed_loop.py``, used only to compare with benchmark rows.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -67,19 +73,13 @@ class Efficiency:
       bookkeeping, sampling and detokenization run on the CPU, one sequence after another).
     comm_eff: fraction of link bandwidth a collective reaches.
     fp8_kv: whether the backend stores the KV cache in FP8 when the weights are FP8/FP4.
-    burst_share: share of a closed-loop benchmark's requests that arrive in its opening burst
-      (all C requests at once, prefilled one after another before steady state). It describes
-      the harness that measured the calibration rows, not the hardware; planning uses 0.
     prefix_hit: share of each prompt's tokens the engine finds in its prefix cache (vLLM's
       ``prefix_cache_hits / prefix_cache_queries``, SGLang's radix-cache hit rate) and so does
-      not recompute; the rest still attend to the whole prompt. A property of the workload.
-    slot_wait: share of a closed-loop benchmark's requests that find no free batch slot when
-      they arrive (the harness, not the hardware: planning uses 0). The client's next request
-      is sent the moment its previous one completes, but in-flight batching releases the
-      finished sequence's slot and KV blocks only after a later iteration; with the engine's
-      max batch equal to the client count, the new request waits for the next completion in
-      the batch — one completion gap, OSL × TPOT / C, when the C requests' completions are
-      spread evenly over their OSL × TPOT decode time.
+      not recompute; the rest still attend to the whole prompt. A property of the workload: 0
+      in every tabled row (a deployment's measured hit rate, or a harness, sets it).
+    admission: "on_demand" (vLLM, SGLang: KV blocks allocated as tokens are written, preempting
+      when the pool is full) or "reserve" (TRT-LLM's GUARANTEED_NO_EVICT: ISL + OSL reserved at
+      admission); note 5.
     """
 
     mfu: float
@@ -87,13 +87,12 @@ class Efficiency:
     step_overhead_s: float
     comm_eff: float
     fp8_kv: bool
-    burst_share: float = 0.0
     scheduler: str = "mixed"
     chunk_tokens: int = 8192
     low_precision_scale: float = 1.0
     seq_overhead_s: float = 0.0
     prefix_hit: float = 0.0
-    slot_wait: float = 0.0
+    admission: str = "on_demand"
 
     def fresh(self, isl: int) -> int:
         """Prompt tokens an ``isl``-long prompt must compute after its prefix-cache hit."""
@@ -107,10 +106,12 @@ class Efficiency:
 # THE efficiency factors: every number the model was calibrated with is in this block. Each row
 # is fitted on real measured rows of tests/data/silicon/dense_calibration.csv by
 # ``python -m bench.calibration --fit`` (coordinate descent of the factors over grids of plausible
-# values, minimizing median TPOT error + ½ median TTFT error; ``--cv`` reports the same fit
-# cross-validated). Backend defaults (EFFICIENCY) are fitted on the h100_sxm rows and serve any
-# platform without its own row; a platform row (PLATFORM_EFFICIENCY, keyed (backend, GPU)) is
-# fitted on that platform's rows only — what a user does with their own telemetry. Factors:
+# values, minimizing median TPOT error + ½ median TTFT error, the rows predicted through the
+# closed-loop harness model of bench/closed_loop.py whose own two factors are fitted alongside and
+# kept there; ``--cv`` reports the fit cross-validated, leaving out shapes and models). Backend
+# defaults (EFFICIENCY) are fitted on the h100_sxm rows and serve any platform without its own
+# row; a platform row (PLATFORM_EFFICIENCY, keyed (backend, GPU)) is fitted on that platform's
+# rows only — what a user does with their own telemetry. Factors:
 #   mfu             BF16 GEMM efficiency of prefill-sized batches (0.55 of 989 TFLOP/s on H100 ≈
 #                   540 TFLOP/s; the 8192³ matmul peak measured on H100 is ~800).
 #   low_precision_scale  FP8/FP4 GEMMs reach this share of that mfu against their 2×/4× peak
@@ -129,74 +130,47 @@ class Efficiency:
 #   scheduler       "mixed" (vLLM, TRT-LLM: chunked prefill rides in decode steps) or
 #                   "prefill_first" (SGLang: a prefill batch pauses decoding); chunk_tokens = the
 #                   engines' default step budget (8192).
-#   burst_share     the HARNESS, not the hardware: share of requests arriving in synchronized
-#                   waves (SGLang 0.5.1's prefill-first keeps a closed loop's waves together: 1.0;
-#                   mixed schedulers dissolve them after the first: 0.1-0.15). Planning passes 0.
-#   prefix_hit      the WORKLOAD, not the hardware: share of prompt tokens served from the prefix
-#                   cache. 0 everywhere except the h200 vLLM 0.12 harness (0.5), whose prompt
-#                   throughput is near the GPU's FP8 peak without it.
-#   slot_wait       the HARNESS: share of closed-loop requests that arrive to a full batch (the
-#                   finished sequence's slot is released an iteration after its client resends)
-#                   and wait one completion gap, OSL × TPOT / C. Planning passes 0.
-# No factor is per row or per model.
+#   admission       "on_demand" (vLLM, SGLang) or "reserve" (TRT-LLM GUARANTEED_NO_EVICT), note 5.
+# No factor is per row, per shape, per TP or per model; no factor describes a benchmark harness.
 EFFICIENCY: dict[str, Efficiency] = {  # backend defaults: fitted on h100_sxm rows
     # TRT-LLM 1.0.0rc3 (353 rows) + 1.2.0rc6 (4): Llama-3.1-8B BF16, Qwen3-32B FP8.
     "trtllm": Efficiency(
-        mfu=0.60, hbm_eff=0.90, step_overhead_s=2.0e-3, comm_eff=0.7, fp8_kv=True,
-        burst_share=0.10, scheduler="mixed", low_precision_scale=0.6, seq_overhead_s=10e-6,
-        slot_wait=1.0,
+        mfu=0.65, hbm_eff=0.90, step_overhead_s=2.0e-3, comm_eff=0.7, fp8_kv=True,
+        scheduler="mixed", low_precision_scale=0.6, seq_overhead_s=20e-6, admission="reserve",
     ),
-    # vLLM 0.12.0 (94 rows): Qwen3-32B BF16 (90) and FP8 (4). Refitted with the mixed step's
-    # prompt-carrying share (steady_latency 1): the refit moves hbm_eff 0.8 → 0.9 and slot_wait
-    # 0 → 0.25 (taken) and mfu 0.55 → 0.65 (held: loss 11.6 with it, 12.5 without, against 14.6
-    # for the previous row; these rows' BF16 prefill does not pin mfu between the two, and 0.65
-    # would shorten every plan's and the simulator's vLLM compute time by 15 %).
+    # vLLM 0.12.0 (94 rows): Qwen3-32B BF16 (90) and FP8 (4).
     "vllm": Efficiency(
-        mfu=0.55, hbm_eff=0.90, step_overhead_s=3.0e-3, comm_eff=0.7, fp8_kv=False,
-        burst_share=0.15, scheduler="mixed", low_precision_scale=0.6, seq_overhead_s=40e-6,
-        slot_wait=0.25,
+        mfu=0.65, hbm_eff=0.90, step_overhead_s=3.0e-3, comm_eff=0.7, fp8_kv=False,
+        scheduler="mixed", low_precision_scale=0.6, seq_overhead_s=40e-6,
     ),
-    # SGLang 0.5.1 (78 rows), 0.5.8 (6), 0.5.6 disagg (4): Qwen3-32B. Kept from the previous fit
-    # (loss 8.05; the refit's descents stop at 8.2).
+    # SGLang 0.5.1 (78 rows), 0.5.8 (6), 0.5.6 disagg (4): Qwen3-32B.
     "sglang": Efficiency(
         mfu=0.55, hbm_eff=0.90, step_overhead_s=2.0e-3, comm_eff=0.7, fp8_kv=False,
-        burst_share=1.0, scheduler="prefill_first", low_precision_scale=0.7, seq_overhead_s=20e-6,
+        scheduler="prefill_first", low_precision_scale=0.7, seq_overhead_s=20e-6,
     ),
 }  # fmt: skip
 
 PLATFORM_EFFICIENCY: dict[tuple[str, str], Efficiency] = {  # (backend, GPU): fitted on that GPU's rows
     # SGLang 0.5.6 on H200 (46 rows, Llama-3.1-8B FP8).
     ("sglang", "h200_sxm"): Efficiency(
-        mfu=0.70, hbm_eff=0.70, step_overhead_s=3.0e-3, comm_eff=0.7, fp8_kv=False,
-        burst_share=0.3, scheduler="prefill_first", low_precision_scale=0.9, seq_overhead_s=10e-6,
+        mfu=0.65, hbm_eff=0.80, step_overhead_s=5.0e-3, comm_eff=0.7, fp8_kv=False,
+        scheduler="prefill_first", low_precision_scale=1.0, seq_overhead_s=10e-6,
     ),
     # vLLM 0.12.0 on H200 (21 rows, Llama-3.1-8B FP8).
     ("vllm", "h200_sxm"): Efficiency(
         mfu=0.70, hbm_eff=0.90, step_overhead_s=1.0e-3, comm_eff=0.7, fp8_kv=False,
-        burst_share=0.15, scheduler="mixed", low_precision_scale=1.0, seq_overhead_s=0.0,
-        prefix_hit=0.5, slot_wait=0.75,
+        scheduler="mixed", low_precision_scale=1.0, seq_overhead_s=0.0,
     ),
 }  # fmt: skip
 
 
-def efficiency(backend: str, gpu: str = "", *, harness: bool = False) -> Efficiency:
+def efficiency(backend: str, gpu: str = "") -> Efficiency:
     """The factors of ``backend`` on ``gpu`` (a catalog name): the platform's own row when it has
-    one, else the backend's default row.
-
-    ``burst_share``, ``prefix_hit`` and ``slot_wait`` describe the benchmark that measured the
-    calibration rows (its opening burst, its repeated prompts, its slot handoff), not the
-    hardware: they are kept only with ``harness=True`` (estimating those rows). Everything
-    else — plans, expected latency for a deployment, the simulator — gets them as 0, so no
-    calibration workload leaks into a user's prediction."""
+    one, else the backend's default row. Unknown backends raise, naming the known ones."""
     found = PLATFORM_EFFICIENCY.get((backend, gpu)) or EFFICIENCY.get(backend)
     if found is None:
         raise KeyError(f"unknown backend {backend!r}; known: {', '.join(EFFICIENCY)}")
-    return found if harness else _without_harness(found)
-
-
-@functools.cache
-def _without_harness(eff: Efficiency) -> Efficiency:
-    return dataclasses.replace(eff, burst_share=0.0, prefix_hit=0.0, slot_wait=0.0)
+    return found
 
 
 @dataclass(frozen=True)
@@ -386,29 +360,43 @@ def prefill_time(s: Setup, tokens: int, isl: int) -> dict[str, float]:
     lay = s.layout
     tokens = max(1, round(tokens * (1 - s.eff.prefix_hit)))
     flops = compute_time(s, tokens, isl, causal_prefill=True)
+    # the stage reads its weights (an MoE's experts the prompt routes to) at least once
+    hbm = touched_weight_bytes(s, tokens) / (s.gpu.hbm_bytes_per_s * s.eff.hbm_eff)
     comm = comm_time(s, tokens)
-    stage = flops + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
+    stage = max(flops, hbm) + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
     return {
         "prefill_compute_s": flops * lay.pp,
+        "prefill_hbm_s": hbm * lay.pp,
         **{f"prefill_{k}": v for k, v in comm.items()},
         "prefill_stage_s": stage,
         "prefill_s": lay.pp * stage + comm.get("pp_send_s", 0.0),
     }
 
 
-def _wall(terms: dict[str, float], queued: bool) -> str:
+def inter_node_terms(s: Setup) -> tuple[str, ...]:
+    """The decode step's communication terms whose group spans nodes (note 4): those cross the
+    inter-node fabric; the rest stay on the scale-up (NVLink) domain."""
+    lay, per_node = s.layout, s.topo.gpus_per_node
+    out = []
+    if lay.tp > per_node and not lay.attention_dp:
+        out.append("decode_tp_allreduce_s")
+    if lay.ep > per_node:
+        out.append("decode_ep_alltoall_s")
+    if lay.pp > 1 and lay.tp * lay.pp > per_node:
+        out.append("decode_pp_send_s")
+    return tuple(out)
+
+
+def _wall(terms: dict[str, float], queued: bool, fabric_terms: tuple[str, ...] = ()) -> str:
     """The wall the decode step presses against (REFERENCE §6 zones).
 
-    1. Requests waiting for KV room → kv_capacity. 2. Communication above a quarter of the step →
-    network. 3. Otherwise the larger of the HBM and compute rooflines.
+    1. Requests waiting for KV room → kv_capacity. 2. Communication over the inter-node fabric
+    (``fabric_terms``) above a quarter of the step → network; collectives inside one NVLink
+    domain are not the network. 3. Otherwise the larger of the HBM and compute rooflines.
     """
     if queued:
         return "kv_capacity"
-    comm = sum(
-        v
-        for k, v in terms.items()
-        if k.startswith("decode_") and k.endswith(("allreduce_s", "alltoall_s", "send_s"))
-    )
+    comm = sum(terms.get(k, 0.0) for k in fabric_terms)
     if comm > 0.25 * terms["decode_step_s"]:
         return "network"
     return "hbm_bandwidth" if terms["decode_hbm_s"] >= terms["decode_compute_s"] else "compute"
@@ -420,6 +408,17 @@ def _chunk_budget(s: Setup, running: int) -> int:
     return max(s.eff.chunk_tokens - decodes, 1)
 
 
+RHO_CAP = 0.95  # prefill utilization beyond which the M/D/1 wait grows linearly (note 5)
+
+
+def prefill_queue_wait(rho: float, service_s: float) -> float:
+    """M/D/1 wait before a prompt's prefill starts: ρ S / (2(1 − ρ)), ρ capped at :data:`RHO_CAP`
+    in the denominator so the wait stays finite and keeps growing with ρ (note 5)."""
+    if rho <= 0:
+        return 0.0
+    return rho * service_s / (2 * (1 - min(rho, RHO_CAP)))
+
+
 def steady_latency(s: Setup, running: int, isl: int, osl: int) -> tuple[float, float, dict[str, float]]:
     """(TTFT, TPOT, terms) once arrivals are spread out: ``running / OSL`` prompts join per step.
 
@@ -428,10 +427,13 @@ def steady_latency(s: Setup, running: int, isl: int, osl: int) -> tuple[float, f
        piece and the rest are pure decode steps; TPOT is the mean of the two. (Averaging the
        prompt tokens over every step instead hid them under the decode step's HBM time: a step
        is max(HBM, compute), and the mean of the maxima is not the max of the means.) A new
-       prompt waits half a step, then takes ceil(ISL / budget) steps that each carry at least
-       one whole budget of its tokens.
-    2. prefill_first: each arriving prompt is a separate prefill that pauses decoding, so TPOT is
-       the pure decode step + arrivals × prefill time; TTFT = half a step + the prefill.
+       prompt waits half a step, then queues for the step budget (M/D/1, ρ = prompt tokens
+       arriving per step / budget), then takes ceil(ISL / budget) steps: whole budgets of its
+       tokens, the last one its remainder.
+    2. prefill_first: each arriving prompt's prefill pauses decoding, so TPOT is the pure decode
+       step + arrivals × prefill time. A new prompt waits for the running step to end (half a
+       step) and is prefilled in one batch with the prompts that arrived during that step (up to
+       the step budget): TTFT = half a step + that batch's prefill.
     """
     ctx = isl + osl / 2
     arrivals = running / max(osl, 1)
@@ -439,7 +441,11 @@ def steady_latency(s: Setup, running: int, isl: int, osl: int) -> tuple[float, f
         step = step_time(s, running, ctx, 0.0, isl)
         own = prefill_time(s, isl, isl)["prefill_s"] + s.eff.step_overhead_s
         tpot = step["decode_step_s"] + arrivals * own
-        return own + tpot / 2, tpot, {**step, "prefill_arrivals_per_step": arrivals}
+        # the prompts that arrived during one step are prefilled together (up to the budget)
+        together = max(float(isl), min(arrivals * isl, float(s.eff.chunk_tokens)))
+        batch = prefill_time(s, round(together), isl)["prefill_s"] + s.eff.step_overhead_s
+        terms = {**step, "prefill_arrivals_per_step": arrivals, "prefill_utilization": arrivals * own / tpot}
+        return batch + tpot / 2, tpot, {**terms, "prefill_queue_s": batch - own}
     budget = _chunk_budget(s, running)
     fresh = s.eff.fresh(isl)
     piece = max(min(fresh, budget), min(arrivals * fresh, budget))  # prompt tokens a carrying step holds
@@ -447,11 +453,17 @@ def steady_latency(s: Setup, running: int, isl: int, osl: int) -> tuple[float, f
     chunk = step_time(s, running, ctx, piece, isl)
     pure = step_time(s, running, ctx, 0.0, isl)
     tpot = share * chunk["decode_step_s"] + (1 - share) * pure["decode_step_s"]
-    ttft = tpot / 2 + math.ceil(fresh / budget) * chunk["decode_step_s"]
+    rho = arrivals * fresh / budget
+    wait = prefill_queue_wait(rho, fresh / budget * chunk["decode_step_s"])
+    # the prompt's steps: full budgets, then the step carrying its remainder (the carrying step
+    # itself when the prompt fits one budget)
+    n = math.ceil(fresh / budget)
+    last = chunk if n == 1 else step_time(s, running, ctx, fresh - (n - 1) * budget, isl)
+    ttft = tpot / 2 + wait + (n - 1) * chunk["decode_step_s"] + last["decode_step_s"]
     # the terms of the mean step: its reads, FLOPs and transfers with the prompt tokens spread
     mean = step_time(s, running, ctx, min(arrivals * fresh, budget), isl)
-    terms = {**mean, "decode_step_s": tpot, "prefill_step_share": share}
-    return ttft, tpot, {**terms, "prefill_arrivals_per_step": arrivals}
+    terms = {**mean, "decode_step_s": tpot, "prefill_step_share": share, "prefill_utilization": rho}
+    return ttft, tpot, {**terms, "prefill_arrivals_per_step": arrivals, "prefill_queue_s": wait}
 
 
 def wave_latency(s: Setup, running: int, isl: int, osl: int) -> tuple[float, float]:
@@ -493,15 +505,13 @@ def expected_latency(
     backend: str = "vllm",
     precision: str = "bf16",
     topo: Topology | None = None,
-    burst_share: float = 0.0,
     eff: Efficiency | None = None,
 ) -> Estimate:
-    """Expected TTFT and TPOT at concurrency ``batch`` per replica, aggregated serving (note 5).
+    """Expected TTFT and TPOT at concurrency ``batch`` (requests in the system) per replica,
+    aggregated serving, arrivals spread out (note 5; :func:`steady_latency`).
 
-    ``burst_share`` is the share of requests that arrive in synchronized waves (a closed-loop
-    benchmark that starts all clients at once: :func:`wave_latency`); the rest see spread-out
-    arrivals (:func:`steady_latency`). Planning uses 0. ``eff`` replaces the tabled efficiency
-    factors (calibration fits them with it).
+    ``eff`` replaces the tabled efficiency factors (calibration fits them with it). A layout
+    whose weights leave no room for one ISL + OSL sequence returns infinite latencies, running 0.
     """
     s = Setup(model, gpu, layout, precision, backend, topo or Topology.for_gpu(gpu), eff)
     c = cap.capacity(
@@ -516,27 +526,36 @@ def expected_latency(
             "kv_capacity",
             {"weights_per_gpu_bytes": c.weights_bytes, "kv_budget_bytes": c.kv_budget_bytes},
         )
-    running = max(1, min(batch, c.max_sequences))
+    running = max(1, min(batch, admitted(s, isl, osl, c)))
     ttft, tpot, terms = steady_latency(s, running, isl, osl)
-    if burst_share > 0:
-        w_ttft, w_tpot = wave_latency(s, running, isl, osl)
-        ttft = burst_share * w_ttft + (1 - burst_share) * ttft
-        tpot = burst_share * w_tpot + (1 - burst_share) * tpot
     queue = (ttft + osl * tpot) * (batch / running - 1) if batch > running else 0.0
-    # note 8: a closed loop's slot handoff (the harness; planning has slot_wait = 0)
-    slot = s.eff.slot_wait * osl * tpot / running if 1 < batch <= running else 0.0
     terms.update(prefill_time(s, isl, isl))
     terms.update(
         {
             "running_sequences": float(running),
             "max_sequences": float(c.max_sequences),
+            "admitted_sequences": float(admitted(s, isl, osl, c)),
             "weights_per_gpu_bytes": c.weights_bytes,
             "kv_budget_bytes": c.kv_budget_bytes,
             "queue_wait_s": queue,
-            "slot_wait_s": slot,
         }
     )
-    return Estimate(ttft + queue + slot, tpot, running, _wall(terms, batch > running), terms)
+    return Estimate(ttft + queue, tpot, running, _wall(terms, batch > running, inter_node_terms(s)), terms)
+
+
+def admitted(s: Setup, isl: int, osl: int, c: cap.Capacity | None = None) -> int:
+    """Sequences the KV pool holds at once under the backend's admission policy (note 5):
+    ``c.max_sequences`` at ISL + OSL for "reserve", the pool over the mean held context
+    (ISL + OSL/2) for "on_demand" — never fewer than the reserve count."""
+    m, lay = s.model, s.layout
+    c = c or cap.capacity(
+        m, s.gpu, lay, context_tokens=isl + osl, precision=s.precision, kv_precision=s.kv_precision
+    )
+    if s.eff.admission != "on_demand" or c.kv_budget_bytes <= 0:
+        return c.max_sequences
+    per_seq = cap.kv_per_gpu_per_sequence(m, max(1, round(isl + osl / 2)), s.kv_precision, lay)
+    n = math.floor(c.kv_budget_bytes / per_seq) * (lay.tp if lay.attention_dp else 1)
+    return max(n, c.max_sequences)
 
 
 def disaggregated_latency(
@@ -615,4 +634,4 @@ def disaggregated_latency(
         "queue_wait_s": slot_wait, "running_sequences": float(running),
         "max_sequences": float(c.max_sequences), "weights_per_gpu_bytes": c.weights_bytes,
     })  # fmt: skip
-    return Estimate(base + wait, tpot, running, _wall(terms, slot_wait > 0), terms)
+    return Estimate(base + wait, tpot, running, _wall(terms, slot_wait > 0, inter_node_terms(ds)), terms)

@@ -14,11 +14,22 @@ The search, for a GPU budget, a topology and a workload (ISL, OSL, SLOs):
      with KV headroom → DP), Step 2 (fits one node → TP inside NVLink), Step 3 (multi-node → PP
      across nodes), Step 4 (MoE → EP for experts), and the interconnect check (TP or EP over a
      slow link; P/D only over an RDMA fabric).
+  5. A candidate that meets no SLO says why in words (:func:`why_infeasible`): the memory that
+     does not fit, or the TTFT/TPOT that misses its SLO with one request per replica.
+  6. Planning for a running deployment (:func:`deployment_context`, :func:`fit_correction`) keeps
+     its declared nodes, fabric, engine and precision (the precision a model name carries:
+     ``-FP8``, ``-NVFP4``), and compares its measured latency (median TTFT and inter-token
+     latency of its request spans) with the model's for its current layout at its measured
+     concurrency. The ratios, clamped to [1/5, 50], multiply every candidate's TTFT and TPOT
+     before the SLO check (the same engine, host and workload run whichever layout is chosen),
+     so a deployment slower than the model serves less per layout within the SLOs, and the
+     ranking follows; the plan states the correction as evidence.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 
 from analyzer import capacity as cap
@@ -44,6 +55,15 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class Correction:
+    """A deployment's measured latency over the model's, applied to every layout (note 6)."""
+
+    tpot_factor: float = 1.0
+    ttft_factor: float = 1.0
+    evidence: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Problem:
     model: ModelConfig
     gpu: Gpu
@@ -52,6 +72,7 @@ class Problem:
     fabric: Fabric = FABRICS["ib_ndr"]
     backend: str = "vllm"
     precision: str = "bf16"
+    correction: Correction = Correction()
 
     @property
     def topo(self) -> perf.Topology:
@@ -73,6 +94,7 @@ class Candidate:
     wall: str = ""
     reasons: list[str] = field(default_factory=list)
     terms: dict[str, float] = field(default_factory=dict)
+    infeasible: str = ""  # why no concurrency meets the SLOs, in words (empty when one does)
 
     @property
     def name(self) -> str:
@@ -105,7 +127,15 @@ class Candidate:
             "batch_per_replica": self.batch, "ttft_ms": _ms(self.ttft_s), "tpot_ms": _ms(self.tpot_s),
             "goodput_tok_s_per_gpu": round(self.goodput_per_gpu, 1),
             "kv_headroom_sequences": self.kv_headroom_sequences, "wall": self.wall, "reasons": self.reasons,
+            "feasible": not self.infeasible, "why_infeasible": self.infeasible or None,
         }  # fmt: skip
+
+
+def corrected(est: perf.Estimate, c: Correction) -> perf.Estimate:
+    """``est`` with the deployment's correction applied to TTFT and TPOT (note 6)."""
+    if c.tpot_factor == 1.0 and c.ttft_factor == 1.0:
+        return est
+    return replace(est, ttft_s=est.ttft_s * c.ttft_factor, tpot_s=est.tpot_s * c.tpot_factor)
 
 
 def pp_inside_node(lay: Layout, per_node: int) -> bool:
@@ -116,7 +146,21 @@ def pp_inside_node(lay: Layout, per_node: int) -> bool:
 
 
 def _ms(s: float) -> float | None:
-    return None if s == float("inf") else round(s * 1e3, 2)
+    return None if not math.isfinite(s) else round(s * 1e3, 2)
+
+
+def why_infeasible(kv: cap.Capacity, est: perf.Estimate | None, w: Workload) -> str:
+    """Why a layout serves no concurrency within the SLOs, in words (note 5)."""
+    if not kv.fits:
+        return f"does not fit: {kv.reason}"
+    if est is None:
+        return "no estimate"
+    over = []
+    if est.ttft_s > w.ttft_slo_s:
+        over.append(f"TTFT {est.ttft_s * 1e3:.0f} ms > SLO {w.ttft_slo_s * 1e3:.0f} ms")
+    if est.tpot_s > w.tpot_slo_s:
+        over.append(f"TPOT {est.tpot_s * 1e3:.1f} ms > SLO {w.tpot_slo_s * 1e3:.1f} ms")
+    return "misses the SLOs even with one request per replica: " + ", ".join(over or ["no slot"])
 
 
 def _pow2_upto(n: int) -> list[int]:
@@ -139,7 +183,16 @@ def layouts(p: Problem) -> list[Layout]:
             if p.model.is_moe and tp > 1:
                 out.append(replace(base, ep=tp))
                 out.append(replace(base, ep=tp, attention_dp=True))
-    return out
+    return [lay for lay in out if _accepted(p.model, lay)]
+
+
+def _accepted(model: ModelConfig, lay: Layout) -> bool:
+    """Whether the engines accept ``lay`` for ``model`` (:func:`analyzer.capacity.check_layout`)."""
+    try:
+        cap.check_layout(model, lay)
+    except ValueError:
+        return False
+    return True
 
 
 def _best_batch(p: Problem, lay: Layout, w: Workload) -> tuple[int, perf.Estimate | None]:
@@ -148,7 +201,10 @@ def _best_batch(p: Problem, lay: Layout, w: Workload) -> tuple[int, perf.Estimat
     compared at 256 when one of them would hold 448."""
 
     def meets(b: int) -> tuple[bool, perf.Estimate]:
-        est = perf.expected_latency(p.model, p.gpu, lay, b, w.isl, w.osl, p.backend, p.precision, p.topo)
+        est = corrected(
+            perf.expected_latency(p.model, p.gpu, lay, b, w.isl, w.osl, p.backend, p.precision, p.topo),
+            p.correction,
+        )
         return est.running >= b and est.ttft_s <= w.ttft_slo_s and est.tpot_s <= w.tpot_slo_s, est
 
     best: tuple[int, perf.Estimate | None] = (0, None)
@@ -180,6 +236,8 @@ def evaluate(p: Problem, lay: Layout, w: Workload) -> Candidate:
         c.ttft_s, c.tpot_s, c.wall, c.terms = est.ttft_s, est.tpot_s, est.wall, est.terms
         if b:
             c.goodput_per_gpu = est.throughput_per_gpu(lay, w.osl)
+    if not b:
+        c.infeasible = why_infeasible(kv, est, w)
     c.reasons = reasons(p, c, w)
     if not kv.fits:
         c.wall = "kv_capacity"
@@ -196,15 +254,20 @@ def evaluate_disagg(p: Problem, lay: Layout, n_prefill: int, w: Workload) -> Can
     c = Candidate(layout=single, disagg=(n_prefill, n_decode))
     if agg.batch == 0:
         c.wall, c.reasons = agg.wall, [*agg.reasons, "P/D: a replica meets no SLO, so neither pool can"]
+        c.infeasible = agg.infeasible
         return c
     b = agg.batch
-    est = perf.disaggregated_latency(p.model, p.gpu, single, single, 1, b, w.isl, w.osl, p.backend,
-                                     p.precision, p.topo)  # fmt: skip
+    est = corrected(perf.disaggregated_latency(p.model, p.gpu, single, single, 1, b, w.isl, w.osl,
+                                               p.backend, p.precision, p.topo), p.correction)  # fmt: skip
     prefill_rate = n_prefill / max(est.terms["prefill_s"], 1e-9)
     decode_rate = n_decode * b / (w.osl * est.tpot_s)
     c.batch, c.ttft_s, c.tpot_s, c.terms = b, est.ttft_s, est.tpot_s, est.terms
     ok = est.ttft_s <= w.ttft_slo_s and est.tpot_s <= w.tpot_slo_s
     c.goodput_per_gpu = min(prefill_rate, decode_rate) * w.osl / p.gpus if ok else 0.0
+    if not ok:
+        c.infeasible = "P/D: " + why_infeasible(
+            cap.capacity(p.model, p.gpu, single, context_tokens=w.isl + w.osl, precision=p.precision), est, w
+        ).replace("even with one request per replica", f"at the aggregated layout's {b} per replica")
     c.wall = "network" if est.terms["kv_transfer_s"] > 0.1 * est.ttft_s else est.wall
     c.reasons = reasons(p, c, w)
     return c
@@ -267,8 +330,10 @@ def search(p: Problem, w: Workload, *, include_disagg: bool = True) -> list[Cand
 
 
 def rank(cands: list[Candidate], per_node: int) -> list[Candidate]:
-    """Goodput order; the simplest candidate within the gray zone of the best moves to the top."""
-    cands.sort(key=lambda c: (-c.goodput_per_gpu, c.simplicity_key(per_node)))
+    """Goodput order; the simplest candidate within the gray zone of the best moves to the top.
+    Candidates that meet no SLO come last: those that fit before those that do not."""
+    cands.sort(key=lambda c: (-c.goodput_per_gpu, c.infeasible.startswith("does not fit"),
+                              c.simplicity_key(per_node)))  # fmt: skip
     if not cands or cands[0].goodput_per_gpu <= 0:
         return cands
     top = cands[0].goodput_per_gpu
@@ -379,6 +444,8 @@ def current_layout(con: object, deployment: str) -> tuple[Layout, dict[str, str]
 
 def compare(baseline: Candidate, best: Candidate) -> str:
     """What the change buys, in goodput per GPU and latency."""
+    if best.goodput_per_gpu <= 0:
+        return f"no layout meets the SLOs; {baseline.name}: {baseline.infeasible or 'misses them'}"
     if best.layout == baseline.layout and best.disagg == baseline.disagg:
         return f"keep {baseline.name}: it is already the best layout found"
     if baseline.goodput_per_gpu <= 0:
@@ -389,3 +456,68 @@ def compare(baseline: Candidate, best: Candidate) -> str:
         f"({baseline.goodput_per_gpu:.0f} → {best.goodput_per_gpu:.0f} tok/s/GPU), "
         f"TPOT {_ms(baseline.tpot_s)} → {_ms(best.tpot_s)} ms"
     )
+
+
+CORRECTION_RANGE = (0.2, 50.0)
+_PRECISION_IN_NAME = (("nvfp4", "fp4"), ("mxfp4", "fp4"), ("fp4", "fp4"), ("fp8", "fp8"))
+
+
+def deployment_context(con: object, deployment: str) -> dict[str, str | int]:
+    """The deployment's declared nodes (distinct host names, at least 1), engine and the precision
+    its model name carries ("" when it names none) (note 6)."""
+    q = getattr(con, "execute")  # noqa: B009
+    row = q("SELECT model, nodes, engine FROM deployments WHERE name = ?", [deployment]).fetchone()
+    if row is None:
+        raise ValueError(f"deployment {deployment!r} is not in the store's deployments table")
+    nodes = json.loads(row[1]) if row[1] else []
+    low = (row[0] or "").lower()
+    precision = next((p for key, p in _PRECISION_IN_NAME if key in low), "")
+    engine = (row[2] or "").strip().lower()
+    return {"nodes": max(len(set(nodes)), 1), "engine": engine, "precision": precision}
+
+
+def measured_latency(con: object, deployment: str) -> tuple[float | None, float | None, int]:
+    """Median TTFT and inter-token latency (decode time / (output tokens − 1)) of the deployment's
+    request spans (:func:`span_filter`), and how many spans gave an ITL."""
+    q = getattr(con, "execute")  # noqa: B009
+    row = q("SELECT model FROM deployments WHERE name = ?", [deployment]).fetchone()
+    if row is None:
+        raise ValueError(f"deployment {deployment!r} is not in the store's deployments table")
+    cond, params = span_filter(con, deployment, row[0])
+    itl = "output_tokens > 1 AND decode_s > 0"
+    got = q(
+        "SELECT quantile_cont(ttft_s, 0.5), "
+        f"quantile_cont(decode_s / (output_tokens - 1), 0.5) FILTER (WHERE {itl}), "
+        f"count(*) FILTER (WHERE {itl}) FROM request_spans WHERE {cond}",
+        params,
+    ).fetchone()
+    if got is None:
+        return None, None, 0
+    return got[0], got[1], int(got[2] or 0)
+
+
+def fit_correction(
+    p: Problem, layout: Layout, w: Workload, ttft_s: float | None, itl_s: float | None
+) -> Correction:
+    """The deployment's measured / modelled TTFT and TPOT for its current ``layout`` at its
+    measured concurrency per replica (``Workload.concurrency``, the mean of its engines'
+    ``requests_running``; at least 1), clamped to :data:`CORRECTION_RANGE` (note 6)."""
+    running = max(1, round(w.concurrency))
+    replica = replace(layout, dp=1)
+    est = perf.expected_latency(
+        p.model, p.gpu, replica, running, w.isl, w.osl, p.backend, p.precision, p.topo
+    )
+    if est.running <= 0:
+        return Correction(evidence=(f"no correction: the model says {layout.label()} does not fit",))
+    lo, hi = CORRECTION_RANGE
+    tpot_f = min(max(itl_s / est.tpot_s, lo), hi) if itl_s else 1.0
+    ttft_f = min(max(ttft_s / est.ttft_s, lo), hi) if ttft_s else 1.0
+    where = f"{layout.label()} at {running} running/replica, ISL {w.isl} OSL {w.osl}"
+    ev = []
+    if itl_s:
+        ev.append(f"measured ITL {itl_s * 1e3:.1f} ms vs model {est.tpot_s * 1e3:.1f} ms ({where}) "
+                  f"→ every layout's TPOT × {tpot_f:.2f}")  # fmt: skip
+    if ttft_s:
+        ev.append(f"measured TTFT {ttft_s * 1e3:.0f} ms vs model {est.ttft_s * 1e3:.0f} ms ({where}) "
+                  f"→ every layout's TTFT × {ttft_f:.2f}")  # fmt: skip
+    return Correction(tpot_f, ttft_f, tuple(ev) or ("no measured latency: no correction",))

@@ -15,13 +15,22 @@ import functools
 import json
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from analyzer import catalog, modelcfg, perf
-from analyzer.capacity import Layout
+from analyzer.capacity import (
+    Layout,
+    bytes_per_param,
+    capacity,
+    check_layout,
+    kv_bytes_per_sequence,
+    kv_bytes_per_token,
+    kv_per_gpu_per_sequence,
+)
 
 ADDED = (
     "predicted_ttft_ms",
@@ -81,31 +90,59 @@ def _model(name: str) -> modelcfg.ModelConfig:
     return modelcfg.load(name)
 
 
-def estimate_row(row: dict[str, str], eff: perf.Efficiency | None = None) -> perf.Estimate:
-    """The estimate for one calibration-style row; raises ``ValueError``/``KeyError`` naming the column.
+@dataclass(frozen=True)
+class RowInputs:
+    """What one calibration-style row asks for (:func:`row_inputs`)."""
 
-    ``eff`` replaces the tabled factors of the row's (backend, GPU) (calibration fits them with it).
-    Disaggregated rows use their worker counts: ``prefill_num_workers`` prefill servers and
-    ``decode_num_workers`` decode servers share the benchmark's clients (:func:`row_concurrency`;
-    :func:`analyzer.perf.disaggregated_latency`).
-    """
+    model: modelcfg.ModelConfig
+    gpu: catalog.Gpu
+    backend: str
+    precision: str
+    isl: int
+    osl: int
+    disagg: bool
+    layout: Layout  # the aggregated layout (the prefill layout of a disaggregated row)
+    batch: int
+
+
+def row_inputs(row: dict[str, str]) -> RowInputs:
+    """The model, GPU, backend, shape and layout of one row; raises ``ValueError``/``KeyError``
+    naming the column."""
     model = _model(row.get("model_path") or row.get("model") or "")
     gpu = catalog.gpu(row.get("system") or row.get("gpu") or "")
     backend = (row.get("backend") or "vllm").strip().lower()
-    isl, osl, precision = _num(row, "isl"), _num(row, "osl"), _precision(row)
-    if (row.get("mode") or "agg").strip() == "disagg":
-        return perf.disaggregated_latency(
-            model, gpu, _layout(row, "prefill_"), _layout(row, "decode_"),
-            _num(row, "prefill_batch_size", 1), _num(row, "decode_batch_size", 1),
-            isl, osl, backend, precision, None,
-            _num(row, "prefill_num_workers", 1) or 1, _num(row, "decode_num_workers", 1) or 1,
-            row_concurrency(row), eff or perf.efficiency(backend, gpu.name, harness=True),
-        )  # fmt: skip
-    factors = eff or perf.efficiency(backend, gpu.name, harness=True)  # the rows' own benchmark
-    return perf.expected_latency(
-        model, gpu, _layout(row), _num(row, "batch_size"), isl, osl, backend, precision,
-        burst_share=factors.burst_share, eff=factors,
+    disagg = (row.get("mode") or "agg").strip() == "disagg"
+    return RowInputs(
+        model, gpu, backend, _precision(row), _num(row, "isl"), _num(row, "osl"), disagg,
+        _layout(row, "prefill_") if disagg else _layout(row), 0 if disagg else _num(row, "batch_size"),
     )  # fmt: skip
+
+
+def estimate_row(row: dict[str, str], eff: perf.Efficiency | None = None) -> perf.Estimate:
+    """The live model's estimate for one calibration-style row; raises ``ValueError``/``KeyError``
+    naming the column.
+
+    1. Aggregated rows: :func:`analyzer.perf.expected_latency` at ``batch_size`` requests in the
+       system. No benchmark-harness term is added (the closed-loop harness model that compares
+       with benchmark rows is ``bench/closed_loop.py``).
+    2. Disaggregated rows use their worker counts: ``prefill_num_workers`` prefill servers and
+       ``decode_num_workers`` decode servers share the benchmark's clients (:func:`row_concurrency`;
+       :func:`analyzer.perf.disaggregated_latency`).
+    ``eff`` replaces the tabled factors of the row's (backend, GPU) (calibration fits them with it).
+    """
+    r = row_inputs(row)
+    factors = eff or perf.efficiency(r.backend, r.gpu.name)
+    if r.disagg:
+        return perf.disaggregated_latency(
+            r.model, r.gpu, r.layout, _layout(row, "decode_"),
+            _num(row, "prefill_batch_size", 1), _num(row, "decode_batch_size", 1),
+            r.isl, r.osl, r.backend, r.precision, None,
+            _num(row, "prefill_num_workers", 1) or 1, _num(row, "decode_num_workers", 1) or 1,
+            row_concurrency(row), factors,
+        )  # fmt: skip
+    return perf.expected_latency(
+        r.model, r.gpu, r.layout, r.batch, r.isl, r.osl, r.backend, r.precision, eff=factors
+    )
 
 
 def annotate(row: dict[str, str]) -> dict[str, Any]:
@@ -142,18 +179,62 @@ def write_rows(rows: list[dict[str, Any]], dest: Any) -> None:
     writer.writerows(rows)
 
 
-def _single(
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (strict JSON has no NaN/Infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def single(
     model: str, gpu: str, layout: Layout, batch: int, isl: int, osl: int, backend: str, precision: str
 ) -> dict[str, Any]:
-    est = perf.expected_latency(
-        modelcfg.load(model), catalog.gpu(gpu), layout, batch, isl, osl, backend, precision
-    )
-    return {
-        "model": model, "gpu": catalog.gpu(gpu).name, "layout": layout.label(), "batch": batch,
-        "isl": isl, "osl": osl, "backend": backend, "precision": precision,
-        "ttft_ms": est.ttft_s * 1e3, "tpot_ms": est.tpot_s * 1e3, "running": est.running,
-        "wall": est.wall, "terms": est.terms,
+    """The single-layout estimate as a strict-JSON document (module doc, single form).
+
+    1. Unknown model, GPU, backend or precision, and a layout the engines refuse
+       (:func:`analyzer.capacity.check_layout`), raise ``ValueError``/``KeyError`` naming it.
+    2. ``capacity`` carries the memory figures: weights bytes per GPU, KV bytes per token (whole
+       model and per GPU), per sequence of ISL + OSL tokens (whole model and per GPU), the KV
+       budget per GPU, the max sequences per replica, and ``fits`` with ``reason``.
+    3. A layout that does not fit has ``ttft_ms``/``tpot_ms`` null and ``fits`` false with the
+       reason; no value is ever NaN or Infinity.
+    """
+    m, g = modelcfg.load(model), catalog.gpu(gpu)
+    check_layout(m, layout)
+    if backend not in perf.EFFICIENCY:
+        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(sorted(perf.EFFICIENCY))}")
+    bytes_per_param(precision)  # unknown precisions raise, naming the known ones
+    s = perf.Setup(m, g, layout, precision, backend)
+    kv_p, ctx = s.kv_precision, isl + osl
+    c = capacity(m, g, layout, context_tokens=ctx, precision=precision, kv_precision=kv_p)
+    est = perf.expected_latency(m, g, layout, batch, isl, osl, backend, precision)
+    fits = c.fits
+    doc: dict[str, Any] = {
+        "model": m.name, "gpu": g.name, "layout": layout.label(), "batch": batch,
+        "isl": isl, "osl": osl, "backend": backend, "precision": precision, "kv_precision": kv_p,
+        "fits": fits, "reason": c.reason or None,
+        "ttft_ms": est.ttft_s * 1e3 if fits else None, "tpot_ms": est.tpot_s * 1e3 if fits else None,
+        "running": est.running, "wall": est.wall,
+        "capacity": {
+            "weights_bytes_per_gpu": c.weights_bytes,
+            "activation_bytes_per_gpu": c.activation_bytes,
+            "usable_bytes_per_gpu": c.usable_bytes,
+            "kv_budget_bytes_per_gpu": c.kv_budget_bytes,
+            "kv_bytes_per_token": kv_bytes_per_token(m, kv_p),
+            "kv_bytes_per_token_per_gpu": kv_per_gpu_per_sequence(m, 1, kv_p, layout),
+            "kv_bytes_per_sequence": kv_bytes_per_sequence(m, ctx, kv_p),
+            "kv_bytes_per_sequence_per_gpu": c.kv_per_sequence_bytes,
+            "sequence_tokens": ctx,
+            "max_sequences": c.max_sequences,
+            "fits": fits, "reason": c.reason or None,
+        },
+        "terms": est.terms,
     }  # fmt: skip
+    return _finite(doc)
 
 
 def estimate(
@@ -171,7 +252,12 @@ def estimate(
     out: Path | None = typer.Option(None, "--out", help="Where to write the annotated CSV (default stdout)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Expected TTFT and TPOT (with the model terms) for a layout, or for every row of a CSV."""
+    """Expected TTFT and TPOT (with the model terms) for a layout, or for every row of a CSV.
+
+    Exit 2 with one line on stderr for bad input (unknown model/GPU/backend/precision, a TP the
+    heads refuse) and for a layout that does not fit (``--json`` still prints the document, with
+    ``fits`` false and the reason).
+    """
     if csv_in is not None:
         rows = annotate_csv(csv_in)
         if out is None:
@@ -181,19 +267,32 @@ def estimate(
                 write_rows(rows, fh)
         return
     try:
-        result = _single(
+        result = single(
             model, gpu, Layout(tp=tp, pp=pp, ep=ep), batch, isl, osl, backend.lower(), precision.lower()
         )
     except (ValueError, KeyError) as exc:
         typer.echo(f"estimate refused: {str(exc).strip(chr(34))}", err=True)
         raise typer.Exit(2) from exc
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
-        return
-    typer.echo(f"{result['model']} on {result['gpu']} {result['layout']} batch {batch} ISL {isl} OSL {osl}")
-    typer.echo(
-        f"  TTFT {result['ttft_ms']:.1f} ms   TPOT {result['tpot_ms']:.2f} ms   wall: {result['wall']}"
-    )
+        typer.echo(json.dumps(result, indent=2, allow_nan=False))
+    else:
+        r, c = result, result["capacity"]
+        typer.echo(f"{r['model']} on {r['gpu']} {r['layout']} batch {batch} ISL {isl} OSL {osl}")
+        typer.echo(
+            f"  weights {c['weights_bytes_per_gpu'] / 1e9:.1f} GB/GPU, "
+            f"KV {c['kv_bytes_per_token'] / 1e3:.1f} kB/token, "
+            f"KV budget {max(c['kv_budget_bytes_per_gpu'], 0.0) / 1e9:.1f} GB/GPU, "
+            f"max {c['max_sequences']} sequences of {c['sequence_tokens']} tokens"
+        )
+        if r["fits"]:
+            typer.echo(f"  TTFT {r['ttft_ms']:.1f} ms   TPOT {r['tpot_ms']:.2f} ms   wall: {r['wall']}")
+    if not result["fits"]:
+        typer.echo(
+            f"estimate: {result['model']} {result['precision']} does not fit {result['layout']} on "
+            f"{result['gpu']}: {result['reason']}",
+            err=True,
+        )
+        raise typer.Exit(2)
 
 
 def register(app: typer.Typer) -> None:
