@@ -194,7 +194,17 @@ def envelope_of(app: Any, dep: Any, s: Span) -> dict[str, Any]:
     snap = refresher.get(("envelope", dep.name)) if refresher is not None else None
     if snap is not None and snap.value["window"]["start_ns"] == s.start_ns and snap.end_ns == s.end_ns:
         return snap.value  # type: ignore[no-any-return]
-    return cached_on(app, ("envelope", dep.name, s), lambda c: service.envelope(c, dep, s.start_ns, s.end_ns))  # type: ignore[no-any-return]
+    return cached_on(
+        app,
+        ("envelope", dep.name, s),
+        lambda c: service.envelope(c, dep, s.start_ns, s.end_ns, analysis_settings(app)),
+    )  # type: ignore[no-any-return]
+
+
+def analysis_settings(app: Any) -> Any:
+    """The app's analysis settings (the config's ``analysis:`` block), the same object the CLI uses."""
+    settings = getattr(app.state, "settings", None)
+    return getattr(settings, "analysis", None)
 
 
 def stragglers_of(app: Any, dep: Any, s: Span, slice_s: float) -> dict[str, Any]:
@@ -315,7 +325,7 @@ def refresh_cycle(app: Any) -> Cycle:
     def run(dep: Any, route: str) -> tuple[bytes, Any]:
         with app.state.store.cursor() as cur:
             if route == "envelope":
-                value = finite(service.envelope(cur, dep, s.start_ns, s.end_ns))
+                value = finite(service.envelope(cur, dep, s.start_ns, s.end_ns, analysis_settings(app)))
                 return to_json(models.Envelope, value), value
             got = finite(service.latency(cur, dep, s.start_ns, s.end_ns, DEFAULT_POINTS))
             return to_json(models.Latency, latency_body(dep, s, got)), got

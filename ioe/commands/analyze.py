@@ -79,10 +79,23 @@ def analyze(
         None, "--at", help="Window end: Unix seconds or ISO-8601 (default: latest)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    config: Path | None = typer.Option(None, "--config", help="Config file whose analysis: block applies."),
+    sets: list[str] = typer.Option(
+        [], "--set", help="An analysis setting, FIELD=VALUE (repeatable), e.g. --set bin_s=30."
+    ),
+    explain: bool = typer.Option(
+        False, "--explain", help="Print the analysis settings in force and their origin."
+    ),
 ) -> None:
     """Print each deployment's zone with its evidence, Cp, headroom and p99 regressions."""
     if ctx.invoked_subcommand is not None:
         return
+    th, origins = _analysis(config, sets)
+    if explain:
+        for name, value in th.model_dump().items():
+            typer.echo(f"{name} = {value}  ({origins[name]})")
+        if store is None:
+            return
     if store is None:
         raise typer.BadParameter("--store is required", param_hint="--store")
     window_s = parse_duration(window)
@@ -101,10 +114,34 @@ def analyze(
         except KeyError as exc:
             typer.echo(str(exc.args[0]), err=True)
             raise typer.Exit(2) from exc
-        report = build_report(con, deps, end_ns, window_s)
+        report = build_report(con, deps, end_ns, window_s, th)
     finally:
         con.close()
     typer.echo(json.dumps(report, indent=2, default=str) if as_json else _text(report))
+
+
+def _analysis(config: Path | None, sets: list[str]) -> tuple[Any, dict[str, str]]:
+    """The analysis settings (defaults < config < IOE_ANALYSIS__* < --set) and each one's origin;
+    a bad name or value exits 2 with one line naming it."""
+    from ioe.settings import SettingsError, analysis_origins, load_settings
+
+    given: dict[str, Any] = {}
+    for item in sets:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip():
+            typer.echo(f"--set {item!r}: expected FIELD=VALUE", err=True)
+            raise typer.Exit(2)
+        try:
+            given[name.strip()] = json.loads(raw)
+        except ValueError:
+            given[name.strip()] = raw
+    try:
+        # --set merges over the config/env analysis block field by field
+        settings = load_settings(config, args={"analysis": given} if given else None)
+    except SettingsError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    return settings.analysis, analysis_origins(config, sets=given)
 
 
 def register(app: typer.Typer) -> None:
