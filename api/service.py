@@ -14,6 +14,12 @@ the series downsampling and the window of collective records:
      (share of the window's blame per rank and ``window_s`` slice).
   4. The plan runs :mod:`analyzer.planner` for the deployment's model, GPU, size and measured
      workload (``request_spans``), and compares with its current layout.
+  5. The window's load points (the envelope plot's dots) use rule 1's bins. Per engine and bin:
+     mean running requests and mean ``generation_tokens_total`` rate (the per-scrape rate, so a
+     bin holding one scrape and a bin holding two read alike); a bin counts only when every engine
+     seen in the window has both there. A counter's first sample has no rate, so the warm-up bin
+     of an engine that starts inside the window is left out instead of reading as zero
+     throughput. ITL p99 per bin is the bucket estimate of :func:`binned_quantiles`.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import polars as pl
 from analyzer import stragglers as strag
 from analyzer.collectives import rank_waits, summary
 from analyzer.crossover import history_bins
-from analyzer.deployments import Deployment, list_deployments
+from analyzer.deployments import ENGINE_KEY_SQL, Deployment, list_deployments
 from analyzer.envelope import analyze_deployment
 from analyzer.latency import binned_quantiles, window_quantiles
 from analyzer.regression import p99_regression
@@ -46,6 +52,7 @@ LINK_METRICS = (
     "pcie_rx_bytes_per_s",
 )
 LATENCY_QS = (0.5, 0.9, 0.99)
+LOAD_POINTS = 120
 
 
 def deployments(con: duckdb.DuckDBPyConnection) -> list[Deployment]:
@@ -78,6 +85,7 @@ def envelope(
     report = analyze_deployment(con, dep, start_ns, end_ns, th, history_s=history_s)
     report["regression"] = p99_regression(con, dep, start_ns, end_ns, th).as_dict()
     report["load_curve"] = load_curve(con, dep, max(end_ns - int(history_s * NS), 0), end_ns, th)
+    report["load_points"] = window_load(con, dep, start_ns, end_ns, LOAD_POINTS)
     report["window"] = {"start_ns": start_ns, "end_ns": end_ns, "seconds": (end_ns - start_ns) / NS}
     report["computed_at_s"] = time.time()
     return report
@@ -85,14 +93,56 @@ def envelope(
 
 def load_curve(
     con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, th: Thresholds
-) -> list[dict[str, float]]:
+) -> list[dict[str, float | None]]:
     """The points Cp is fitted on (:func:`history_bins`: per-minute rollups over long history):
-    per ``bin_s`` bin, running requests vs tokens/s per GPU."""
+    per ``bin_s`` bin, running requests vs tokens/s per GPU and ITL p99."""
     bins = history_bins(con, dep, start_ns, end_ns, th)
     gpus = max(dep.n_gpus, 1)
+    itl = bins["itl_p99_s"].to_list() if "itl_p99_s" in bins.columns else [None] * bins.height
     return [
-        {"concurrency": float(r), "tokens_per_s_per_gpu": float(t) / gpus}
-        for r, t in zip(bins["running"].to_list(), bins["tokens_per_s"].to_list(), strict=True)
+        {"concurrency": float(r), "tokens_per_s_per_gpu": float(t) / gpus, "itl_p99_s": _num(i)}
+        for r, t, i in zip(bins["running"].to_list(), bins["tokens_per_s"].to_list(), itl, strict=True)
+    ]
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None or v != v else float(v)  # NaN != NaN
+
+
+def window_load(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, points: int
+) -> list[dict[str, Any]]:
+    """Rule 5: ``[{bin_start_ns, concurrency, tokens_per_s_per_gpu, itl_p99_s}]`` per complete bin."""
+    bin_s = bin_seconds((end_ns - start_ns) / NS, points)
+    bin_ns = int(bin_s * NS)
+    rows = con.execute(
+        f"""WITH per_engine AS (
+               SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS b, {ENGINE_KEY_SQL} AS k,
+                      avg(value) FILTER (WHERE concept = 'requests_running') AS running,
+                      avg(rate_per_s) FILTER (WHERE concept = 'generation_tokens_total') AS tok_s
+               FROM engine_samples WHERE ts_ns > ? AND ts_ns <= ?
+                 AND concept IN ('requests_running', 'generation_tokens_total')
+                 AND list_contains(?, {ENGINE_KEY_SQL}) GROUP BY ALL)
+           SELECT b, sum(running) AS running, sum(tok_s) AS tok_s,
+                  count(running) AS n_run, count(tok_s) AS n_tok,
+                  (SELECT count(DISTINCT k) FROM per_engine) AS engines
+           FROM per_engine GROUP BY b ORDER BY b""",
+        [start_ns, bin_ns, start_ns, end_ns, list(dep.engine_keys)],
+    ).fetchall()
+    itl = binned_quantiles(
+        con, start_ns, end_ns, bin_s, keys=list(dep.engine_keys), concepts=("itl_seconds",), qs=(0.99,)
+    )
+    itl_by_bin = dict(zip(itl["bin"].to_list(), itl["value_s"].to_list(), strict=True))
+    gpus = max(dep.n_gpus, 1)
+    return [
+        {
+            "bin_start_ns": start_ns + int(b) * bin_ns,
+            "concurrency": float(run),
+            "tokens_per_s_per_gpu": float(tok) / gpus,
+            "itl_p99_s": _num(itl_by_bin.get(b)),
+        }
+        for b, run, tok, n_run, n_tok, engines in rows
+        if n_run == engines and n_tok == engines
     ]
 
 
