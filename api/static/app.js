@@ -61,6 +61,16 @@ async function api(path) {
 }
 
 // ---------------------------------------------------------------- charts
+// Round tick values (1, 2, 2.5 or 5 × 10^k apart) covering [lo, hi], about n of them.
+function niceTicks(lo, hi, n = 5) {
+  const raw = (hi - lo) / n, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 2.5, 5, 10].map(m => m * mag).find(s => s >= raw);
+  const a = Math.floor(lo / step + 1e-9) * step, b = Math.ceil(hi / step - 1e-9) * step;
+  const ticks = [];
+  for (let v = a; v <= b + step / 2; v += step) ticks.push(Number(v.toPrecision(12)));
+  return {lo: a, hi: b, ticks};
+}
+
 // A chart frame: linear scales over the data's extent, axes with a few ticks, a legend.
 function frame(title, xs, ys, opts) {
   const W = 560, H = 260, L = 70, R = 14, T = 24, B = 44;
@@ -69,15 +79,21 @@ function frame(title, xs, ys, opts) {
   let [y0, y1] = [opts.yZero ? 0 : Math.min(...ys), Math.max(...ys)];
   if (x1 === x0) x1 = x0 + 1;
   if (y1 === y0) y1 = y0 + (y0 === 0 ? 1 : Math.abs(y0) * 0.1);
+  const ny = niceTicks(y0, y1);
+  [y0, y1] = [ny.lo, ny.hi];
+  let xt = [0, 1, 2, 3, 4].map(i => x0 + (x1 - x0) * i / 4);  // time axes: five even ticks
+  if (opts.niceX) { const nx = niceTicks(x0, x1); [x0, x1, xt] = [nx.lo, nx.hi, nx.ticks]; }
+  const yt = ny.ticks;
   const sx = v => L + (v - x0) / (x1 - x0) * (W - L - R);
   const sy = v => H - B - (v - y0) / (y1 - y0) * (H - T - B);
   root.append(svg("rect", {x: L, y: T, width: W - L - R, height: H - T - B, fill: "#fff", stroke: "#ccc"}));
   const t = svg("text", {x: L, y: 14, class: "title"}); t.textContent = title; root.append(t);
-  for (let i = 0; i <= 4; i++) {
-    const yv = y0 + (y1 - y0) * i / 4, xv = x0 + (x1 - x0) * i / 4;
+  for (const yv of yt) {
     const yl = svg("text", {x: L - 4, y: sy(yv) + 4, "text-anchor": "end", class: "tick"});
     yl.textContent = (opts.yFmt || fmt)(yv); root.append(yl);
     root.append(svg("line", {x1: L, x2: W - R, y1: sy(yv), y2: sy(yv), stroke: "#eee"}));
+  }
+  for (const xv of xt) {
     const xl = svg("text", {x: sx(xv), y: H - B + 14, "text-anchor": "middle", class: "tick"});
     xl.textContent = (opts.xFmt || fmt)(xv); root.append(xl);
   }
@@ -155,11 +171,23 @@ function marker(f, x, label, cls, row) {
   const right = px + 5 + width <= f.W - f.R;
   const y = f.T + 14 + row * 15;
   const bg = svg("rect", {x: right ? px + 3 : px - 3 - width, y: y - 11, width, height: 14, fill: "#fff",
-    "fill-opacity": 0.85, class: cls + "-label-bg"});
+    "fill-opacity": 0.7, rx: 2, class: cls + "-label-bg"});
   const t = svg("text", {x: right ? px + 7 : px - 7, y, "text-anchor": right ? "start" : "end",
     class: "marker-label " + cls + "-label"});
   t.textContent = label;
   f.root.append(bg, t);
+}
+
+const FIT_COLOR = "#e4572e";
+function envelopeLegend(f) {
+  const y = f.H - f.B - 10, x = f.W - f.R - 190;
+  const g = svg("g", {class: "legend"});
+  g.append(svg("rect", {x: x - 4, y: y - 10, width: 188, height: 15, fill: "#fff", "fill-opacity": 0.85}));
+  g.append(svg("circle", {cx: x + 4, cy: y - 3, r: 2.6, fill: "#2a7fd4"}));
+  const a = svg("text", {x: x + 11, y: y + 1, class: "tick"}); a.textContent = "per-bin point"; g.append(a);
+  g.append(svg("line", {x1: x + 88, x2: x + 106, y1: y - 3, y2: y - 3, stroke: FIT_COLOR, "stroke-width": 2.4}));
+  const b = svg("text", {x: x + 110, y: y + 1, class: "tick"}); b.textContent = "monotone fit"; g.append(b);
+  f.root.append(g);
 }
 
 function loadPoints(env) {
@@ -186,16 +214,17 @@ function envelopePanel(env, title, yOf, opts) {
     f.root.append(svg("rect", {x: f.sx(cp.cp_low), y: f.T, width: Math.max(f.sx(cp.cp_high) - f.sx(cp.cp_low), 1),
       height: f.H - f.T - f.B, fill: "#000", "fill-opacity": 0.06, class: "cp-band"}));
   }
-  const dots = svg("g", {class: "dots", "data-source": windowed ? "window" : "history"});
-  for (const [x, y] of pts) {
-    dots.append(svg("circle", {cx: f.sx(x).toFixed(1), cy: f.sy(y).toFixed(1), r: 2.2, fill: "#2a7fd4",
-      "fill-opacity": 0.55, class: "pt"}));
-  }
-  f.root.append(dots);
   const fit = monotoneFit(pts);
   const d = fit.map((p, j) => `${j ? "L" : "M"}${f.sx(p[0]).toFixed(1)},${f.sy(p[1]).toFixed(1)}`).join("");
-  f.root.append(svg("path", {d: fit.length > 1 ? d : d + `h1`, fill: "none", stroke: "#1f2a36", "stroke-width": 2.2,
-    class: "fit", "data-fit": "monotone", "data-vertices": fit.length}));
+  f.root.append(svg("path", {d: fit.length > 1 ? d : d + "h1", fill: "none", stroke: FIT_COLOR, "stroke-width": 2.4,
+    "stroke-opacity": 0.9, "stroke-linejoin": "round", class: "fit", "data-fit": "monotone", "data-vertices": fit.length}));
+  const dots = svg("g", {class: "dots", "data-source": windowed ? "window" : "history"});
+  for (const [x, y] of pts) {
+    dots.append(svg("circle", {cx: f.sx(x).toFixed(1), cy: f.sy(y).toFixed(1), r: 2.3, fill: "#2a7fd4",
+      "fill-opacity": 0.6, class: "pt"}));
+  }
+  f.root.append(dots);
+  envelopeLegend(f);
   let row = 0;
   if (cp.cp) marker(f, cp.cp, `Cp ≈ ${fmt(cp.cp)} req`, "cp-line", row++);
   else if (cp.cp_lower_bound) {
@@ -219,9 +248,9 @@ function envelopeChart(env) {
     `Cp and the latency knee: hinge fits over the last 24 h (${env.cp.points} load levels). Zone: ${zone}.`);
   return el("div", {class: "envelope-charts"},
     envelopePanel(env, "Throughput per GPU vs load", p => p.tokens_per_s_per_gpu,
-      {yZero: true, xLabel: x, yLabel: "throughput (tokens/s per GPU)", zone}),
+      {yZero: true, niceX: true, xLabel: x, yLabel: "throughput (tokens/s per GPU)", zone}),
     envelopePanel(env, "ITL p99 vs load", p => p.itl_p99_s,
-      {yZero: true, xLabel: x, yLabel: "ITL p99 (bucket estimate)", yFmt: dur}),
+      {yZero: true, niceX: true, xLabel: x, yLabel: "ITL p99 (bucket estimate)", yFmt: dur}),
     note);
 }
 
