@@ -203,6 +203,7 @@ class Latency(_M):
     note: str
     quantiles: list[Quantile]
     bin_s: float
+    span_s: float = Field(description="each series point covers the trailing span_s ending at its bin")
     series: list[QuantilePoint]
     computed_at_s: float = Field(description="Unix time the analysis ran (results are cached briefly)")
 

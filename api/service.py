@@ -20,6 +20,11 @@ the series downsampling and the window of collective records:
      seen in the window has both there. A counter's first sample has no rate, so the warm-up bin
      of an engine that starts inside the window is left out instead of reading as zero
      throughput. ITL p99 per bin is the bucket estimate of :func:`binned_quantiles`.
+  6. A latency chart point is the quantile of the bucket increases over the trailing
+     ``max(bin, LATENCY_SPAN_S)`` ending at its bin (PromQL's ``histogram_quantile`` over
+     ``rate(…[1m])`` does the same): a 7.5 s bin holding a few long prefill-stalled steps would
+     otherwise swing the p50 between 20 ms and 600 ms from one bin to the next. A bin with no
+     increase of its own stays empty (a gap), never filled from its neighbours.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from analyzer.collectives import rank_waits, summary
 from analyzer.crossover import history_bins
 from analyzer.deployments import ENGINE_KEY_SQL, Deployment, list_deployments
 from analyzer.envelope import analyze_deployment
-from analyzer.latency import binned_quantiles, window_quantiles
+from analyzer.latency import binned_quantiles, bucket_increases, quantiles_from_increases, window_quantiles
 from analyzer.regression import p99_regression
 from analyzer.report import plan_for_deployment
 from analyzer.thresholds import Thresholds
@@ -53,6 +58,7 @@ LINK_METRICS = (
 )
 LATENCY_QS = (0.5, 0.9, 0.99)
 LOAD_POINTS = 120
+LATENCY_SPAN_S = 60.0
 
 
 def deployments(con: duckdb.DuckDBPyConnection) -> list[Deployment]:
@@ -158,15 +164,46 @@ def latency(
     keys = list(dep.engine_keys)
     wq = window_quantiles(con, start_ns, end_ns, keys=keys, qs=LATENCY_QS)
     bin_s = bin_seconds((end_ns - start_ns) / NS, points)
-    series = binned_quantiles(
-        con, start_ns, end_ns, bin_s, keys=keys, concepts=("ttft_seconds", "itl_seconds"), qs=(0.5, 0.99)
-    )
+    span = max(round(LATENCY_SPAN_S / bin_s), 1)
+    series = trailing_quantiles(con, start_ns, end_ns, bin_s, span, keys, ("ttft_seconds", "itl_seconds"))
     return {
         "quantiles": [q.as_dict() for d in wq.values() for q in d.values()],
         "bin_s": bin_s,
-        "series": series.sort(["concept", "q", "bin"]).to_dicts(),
+        "span_s": span * bin_s,
+        "series": sorted(series, key=lambda r: (r["concept"], r["q"], r["bin"])),
         "computed_at_s": time.time(),
     }
+
+
+def trailing_quantiles(
+    con: duckdb.DuckDBPyConnection,
+    start_ns: int,
+    end_ns: int,
+    bin_s: float,
+    span: int,
+    keys: list[str] | None,
+    concepts: tuple[str, ...],
+    qs: tuple[float, ...] = (0.5, 0.99),
+) -> list[dict[str, Any]]:
+    """Rule 6: ``[{concept, bin, bin_start_ns, q, value_s, observations}]`` per bin that has data,
+    each over the bucket increases of that bin and the ``span − 1`` bins before it."""
+    inc = bucket_increases(con, start_ns, end_ns, keys=keys, concepts=concepts, bin_s=bin_s)
+    if inc.is_empty():
+        return []
+    own = inc.group_by(["concept", "bin"]).agg(pl.col("count").sum().alias("own")).filter(pl.col("own") > 0)
+    merged = (
+        pl.concat([inc.with_columns(pl.col("bin") + k) for k in range(span)])
+        .group_by(["concept", "bin", "le"])
+        .agg(pl.col("count").sum())
+        .join(own.select("concept", "bin"), on=["concept", "bin"], how="semi")
+    )
+    got = quantiles_from_increases(merged, qs)
+    return [
+        {"concept": c, "bin": b, "bin_start_ns": start_ns + int(b * bin_s * NS), "q": x.q,
+         "value_s": x.value_s, "observations": x.observations}
+        for (c, b), qlist in sorted(got.items())
+        for x in sorted(qlist, key=lambda x: x.q)
+    ]  # fmt: skip
 
 
 def gpu_series(
