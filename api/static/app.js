@@ -73,7 +73,7 @@ function niceTicks(lo, hi, n = 5) {
 
 // A chart frame: linear scales over the data's extent, axes with a few ticks, a legend.
 function frame(title, xs, ys, opts) {
-  const W = 560, H = 260, L = 70, R = 14, T = 24, B = 44;
+  const W = 560, H = 260, L = 70, R = 14, T = opts.legendRow ? 38 : 24, B = 44;
   const root = svg("svg", {viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": title});
   let [x0, x1] = [Math.min(...xs), Math.max(...xs)];
   let [y0, y1] = [opts.yZero ? 0 : Math.min(...ys), Math.max(...ys)];
@@ -110,11 +110,13 @@ function frame(title, xs, ys, opts) {
   return {root, sx, sy, W, H, L, R, T, B, x0, x1, y0, y1};
 }
 
+// Series names in a row of their own between the title and the plot (never over the lines).
 function legend(f, names) {
+  const step = Math.min(130, (f.W - f.L - f.R) / Math.max(names.length, 1));
   names.forEach((n, i) => {
-    const x = f.L + 8 + i * 130;
-    f.root.append(svg("rect", {x, y: f.T + 4, width: 10, height: 10, fill: SERIES_COLORS[i % 6]}));
-    const t = svg("text", {x: x + 14, y: f.T + 13, class: "tick"}); t.textContent = n; f.root.append(t);
+    const x = f.L + i * step;
+    f.root.append(svg("rect", {x, y: 21, width: 10, height: 10, fill: SERIES_COLORS[i % 6]}));
+    const t = svg("text", {x: x + 14, y: 30, class: "tick legend-name"}); t.textContent = n; f.root.append(t);
   });
 }
 
@@ -130,7 +132,7 @@ function medianStep(xs) {
 function lineChart(title, series, opts = {}) {
   const all = series.flatMap(s => s.points);
   if (!all.length) return el("p", {class: "muted"}, `${title}: no data in this window`);
-  const f = frame(title, all.map(p => p[0]), all.map(p => p[1]), opts);
+  const f = frame(title, all.map(p => p[0]), all.map(p => p[1]), {...opts, legendRow: true});
   const gap = 1.5 * (opts.step || medianStep(all.map(p => p[0])));
   series.forEach((s, i) => {
     if (!s.points.length) return;
@@ -146,19 +148,20 @@ function lineChart(title, series, opts = {}) {
 }
 
 // Monotone (non-decreasing) least-squares fit of y on x: pool-adjacent-violators over the points
-// sorted by x. Returns one vertex per pooled block, at the block's mean x and mean y.
+// sorted by x. Each pooled block is level at its mean y from its first to its last x, so the line
+// spans every dot.
 function monotoneFit(pts) {
   const sorted = [...pts].sort((a, b) => a[0] - b[0]);
   const blocks = [];
   for (const [x, y] of sorted) {
-    blocks.push({sx: x, sy: y, n: 1});
+    blocks.push({lo: x, hi: x, sy: y, n: 1});
     while (blocks.length > 1) {
       const b = blocks[blocks.length - 1], a = blocks[blocks.length - 2];
       if (a.sy / a.n <= b.sy / b.n) break;
-      a.sx += b.sx; a.sy += b.sy; a.n += b.n; blocks.pop();
+      a.hi = b.hi; a.sy += b.sy; a.n += b.n; blocks.pop();
     }
   }
-  return blocks.map(b => [b.sx / b.n, b.sy / b.n]);
+  return blocks.flatMap(b => b.hi > b.lo ? [[b.lo, b.sy / b.n], [b.hi, b.sy / b.n]] : [[b.lo, b.sy / b.n]]);
 }
 
 // A vertical marker with a label that stays inside the plot: it flips to the left of the line
@@ -180,9 +183,8 @@ function marker(f, x, label, cls, row) {
 
 const FIT_COLOR = "#e4572e";
 function envelopeLegend(f) {
-  const y = f.H - f.B - 10, x = f.W - f.R - 190;
+  const y = 14, x = f.W - f.R - 190;  // the title row, right of the title, outside the plot
   const g = svg("g", {class: "legend"});
-  g.append(svg("rect", {x: x - 4, y: y - 10, width: 188, height: 15, fill: "#fff", "fill-opacity": 0.85}));
   g.append(svg("circle", {cx: x + 4, cy: y - 3, r: 2.6, fill: "#2a7fd4"}));
   const a = svg("text", {x: x + 11, y: y + 1, class: "tick"}); a.textContent = "per-bin point"; g.append(a);
   g.append(svg("line", {x1: x + 88, x2: x + 106, y1: y - 3, y2: y - 3, stroke: FIT_COLOR, "stroke-width": 2.4}));
@@ -228,8 +230,11 @@ function envelopePanel(env, title, yOf, opts) {
   let row = 0;
   if (cp.cp) marker(f, cp.cp, `Cp ≈ ${fmt(cp.cp)} req`, "cp-line", row++);
   else if (cp.cp_lower_bound) {
-    const t = svg("text", {x: f.W - f.R - 6, y: f.T + 14, "text-anchor": "end", class: "marker-label cp-none"});
-    t.textContent = `Cp not reached (> ${fmt(cp.cp_lower_bound)} req)`; f.root.append(t); row++;
+    const label = `Cp not reached (> ${fmt(cp.cp_lower_bound)} req)`, width = label.length * 6.2 + 8;
+    f.root.append(svg("rect", {x: f.W - f.R - 3 - width, y: f.T + 3, width, height: 14, fill: "#fff",
+      "fill-opacity": 0.85, rx: 2}));
+    const t = svg("text", {x: f.W - f.R - 7, y: f.T + 14, "text-anchor": "end", class: "marker-label cp-none"});
+    t.textContent = label; f.root.append(t); row++;
   }
   if (knee) {
     const close = cp.cp && Math.abs(f.sx(knee) - f.sx(cp.cp)) < 150;
