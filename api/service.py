@@ -19,7 +19,8 @@ the series downsampling and the window of collective records:
      bin holding one scrape and a bin holding two read alike); a bin counts only when every engine
      seen in the window has both there. A counter's first sample has no rate, so the warm-up bin
      of an engine that starts inside the window is left out instead of reading as zero
-     throughput. ITL p99 per bin is the bucket estimate of :func:`binned_quantiles`.
+     throughput. ITL p99 per bin is the bucket estimate of :func:`binned_quantiles`. Windows
+     longer than :data:`RAW_WINDOW_MAX_S` read the per-minute rollups (mean gauge, mean rate).
   6. A latency chart point is the quantile of the bucket increases over the trailing
      ``max(bin, LATENCY_SPAN_S)`` ending at its bin (PromQL's ``histogram_quantile`` over
      ``rate(…[1m])`` does the same): a 7.5 s bin holding a few long prefill-stalled steps would
@@ -58,6 +59,10 @@ LINK_METRICS = (
 )
 LATENCY_QS = (0.5, 0.9, 0.99)
 LOAD_POINTS = 120
+ENGINE_1M = (  # the per-minute rollup shaped like engine_samples (a minute stamped at its end)
+    "(SELECT minute_ns + 60000000000 AS ts_ns, source, engine, dp_rank, concept, avg AS value,"
+    " avg_rate_per_s AS rate_per_s FROM engine_samples_1m) AS engine_samples"
+)
 LATENCY_SPAN_S = 60.0
 
 
@@ -119,14 +124,17 @@ def window_load(
     con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, points: int
 ) -> list[dict[str, Any]]:
     """Rule 5: ``[{bin_start_ns, concurrency, tokens_per_s_per_gpu, itl_p99_s}]`` per complete bin."""
-    bin_s = bin_seconds((end_ns - start_ns) / NS, points)
+    window_s = (end_ns - start_ns) / NS
+    bin_s = bin_seconds(window_s, points)
     bin_ns = int(bin_s * NS)
+    rollup = window_s > RAW_WINDOW_MAX_S
+    table = ENGINE_1M if rollup else "engine_samples"
     rows = con.execute(
         f"""WITH per_engine AS (
                SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS b, {ENGINE_KEY_SQL} AS k,
                       avg(value) FILTER (WHERE concept = 'requests_running') AS running,
                       avg(rate_per_s) FILTER (WHERE concept = 'generation_tokens_total') AS tok_s
-               FROM engine_samples WHERE ts_ns > ? AND ts_ns <= ?
+               FROM {table} WHERE ts_ns > ? AND ts_ns <= ?
                  AND concept IN ('requests_running', 'generation_tokens_total')
                  AND list_contains(?, {ENGINE_KEY_SQL}) GROUP BY ALL)
            SELECT b, sum(running) AS running, sum(tok_s) AS tok_s,
@@ -136,8 +144,9 @@ def window_load(
         [start_ns, bin_ns, start_ns, end_ns, list(dep.engine_keys)],
     ).fetchall()
     itl = binned_quantiles(
-        con, start_ns, end_ns, bin_s, keys=list(dep.engine_keys), concepts=("itl_seconds",), qs=(0.99,)
-    )
+        con, start_ns, end_ns, bin_s, keys=list(dep.engine_keys), concepts=("itl_seconds",), qs=(0.99,),
+        rollup=rollup,
+    )  # fmt: skip
     itl_by_bin = dict(zip(itl["bin"].to_list(), itl["value_s"].to_list(), strict=True))
     gpus = max(dep.n_gpus, 1)
     return [
