@@ -196,4 +196,6 @@ def test_verdict_colours_and_durations(browser: object, served: str) -> None:
     assert all(t.split(" ")[1] in ("pass", "near", "fail", "n/a") for t in badges.all_text_contents())
     text = page.locator("#main").inner_text()  # type: ignore[attr-defined]
     assert "k ms" not in text and "M ms" not in text
+    shown = page.evaluate("[630.2, 9.66, 0.0349, 0.0005, 7200, null].map(dur)")  # type: ignore[attr-defined]
+    assert shown == ["10.5 min", "9.66 s", "34.9 ms", "0.5 ms", "2 h", "–"]  # was "630.2k ms" for 630.2 s
     assert errors == []

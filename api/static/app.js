@@ -37,7 +37,6 @@ function dur(v) {
   if (a < 3600) return sign + Number((a / 60).toPrecision(3)) + " min";
   return sign + Number((a / 3600).toPrecision(3)) + " h";
 }
-const ms = dur;  // table cells and ticks of latencies (seconds in, human units out)
 function msToS(v) { return v === null || v === undefined ? null : v / 1e3; }
 function hhmm(ns) { return new Date(ns / 1e6).toISOString().slice(11, 16); }
 function zoneBadge(zone) {
@@ -294,7 +293,7 @@ async function overview(main) {
   const rows = data.deployments.map(d => {
     const g = d.glance || {};
     const link = el("a", {href: `/deployments/${encodeURIComponent(d.deployment.name)}`}, d.deployment.name);
-    return [link, zoneBadge(g.zone), fmt(g.confidence, 2), ms(g.ttft_p99_s), ms(g.itl_p99_s),
+    return [link, zoneBadge(g.zone), fmt(g.confidence, 2), dur(g.ttft_p99_s), dur(g.itl_p99_s),
       fmt(g.kv_sequences_left), fmt(g.cp), g.stragglers === null || g.stragglers === undefined ? "–" : String(g.stragglers),
       g.error || ""];
   });
@@ -350,9 +349,9 @@ async function deploymentView(main, name) {
   const room = env.headroom;
   const roomTable = table(["KV sequences left", "HBM BW left", "fabric left", "TTFT SLO margin", "ITL SLO margin"],
     [[fmt(room.kv_sequences_left), fmt(room.hbm_bandwidth_left_ratio), fmt(room.fabric_left_ratio),
-      ms(room.ttft_slo_margin_s), ms(room.itl_slo_margin_s)]]);
+      dur(room.ttft_slo_margin_s), dur(room.itl_slo_margin_s)]]);
   const regr = table(["metric", "p99 now", "p99 baseline", "ratio", "verdict"],
-    env.regression.metrics.map(m => [m.metric, ms(m.now_s), ms(m.baseline_s), fmt(m.ratio), m.verdict]));
+    env.regression.metrics.map(m => [m.metric, dur(m.now_s), dur(m.baseline_s), fmt(m.ratio), m.verdict]));
   const tfmt = {xFmt: hhmm, yFmt: dur, step: lat.bin_s * 1e9, xLabel: "time (UTC)"};
   const gpuSeries = bySeries(gpu.series, "bin_start_ns", "mean", r => r.metric.replace("_ratio", ""));
   const linkSeries = bySeries(fab.links, "bin_start_ns", "mean", r => r.metric.replace("_bytes_per_s", ""))
