@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from api_store import build
-from conftest import ROOT, free_port, require_component
+from conftest import ROOT, free_port, in_ci, require_component
 from test_api_uvicorn import Served
 
 from api.app import create_app
@@ -39,7 +39,12 @@ def browser() -> Iterator[object]:
     chromium = require_component(
         "chromium", "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
     )
-    sync_api = pytest.importorskip("playwright.sync_api")
+    try:
+        from playwright import sync_api
+    except ImportError:
+        if in_ci():
+            pytest.fail("playwright is not installed (the [test] extra)")
+        pytest.skip("playwright is not installed")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         yield b
