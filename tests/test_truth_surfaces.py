@@ -60,5 +60,7 @@ def test_cli_api_page_and_metrics_agree(name: str, tmp_path_factory: pytest.Temp
     assert got["page_status"] == 200
     # /metrics judges the newest 15 minutes, which hold the whole 10-minute capture
     assert [z for z, v in got["metrics_zones"].items() if v == 1.0] == [expected]
+    assert got["api"]["label"] == got["cli"]["label"]
     if expected == "network" and sc.expected.cross_node:
         assert got["cli"]["critical_path"]["network_in_path"] is True
+        assert got["api"]["critical_path"]["network_in_path"] is True
