@@ -41,8 +41,10 @@ from typing import Any
 import duckdb
 from anyio import CapacityLimiter
 from fastapi import FastAPI, Request, Response
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.auth import AuthGate
 from api.auth import router as auth_router
@@ -149,9 +151,18 @@ def _error_handlers(app: FastAPI) -> None:
             return _json(400, {"detail": {"parameter": "body", "message": message}})
         return _json(422, {"detail": errors})
 
+    async def http_error(request: Request, exc: Exception) -> Response:
+        # FastAPI's own 400 for a body it cannot parse (bad encoding, nesting past the recursion
+        # limit) says only that; name the parameter like every other 4xx
+        if isinstance(exc, StarletteHTTPException) and exc.status_code == 400 and isinstance(exc.detail, str):
+            message = f"body cannot be parsed (not JSON, or nested too deeply): {exc.detail}"
+            return _json(400, {"detail": {"parameter": "body", "message": message}})
+        return await http_exception_handler(request, exc)  # type: ignore[arg-type]
+
     app.add_exception_handler(duckdb.Error, store_error)
     app.add_exception_handler(StoreError, store_error)
     app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(StarletteHTTPException, http_error)
 
 
 @asynccontextmanager

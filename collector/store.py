@@ -188,6 +188,8 @@ class Store(RowCounts):
             for handle in (self._writer, self.con):
                 with contextlib.suppress(duckdb.Error):  # an invalidated database may refuse even this
                     handle.close()
+            if self._use and not Path(self.path).is_file():  # never a new, empty store in its place
+                raise StoreError(f"store {self.path}: no such file (it was moved or deleted)")
             self._open()
 
     def _attach(self, config: dict[str, Any]) -> duckdb.DuckDBPyConnection:
