@@ -173,3 +173,25 @@ def test_serve_stops_cleanly_on_ctrl_c(sig: signal.Signals, tmp_path: Path) -> N
     assert proc.returncode == 0, err
     assert err.strip().splitlines() == [f"ioe serve: store {path} on http://127.0.0.1:{port}"]
     assert path.exists()
+
+
+def test_sidecar_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    port, path = free_port(), tmp_path / "node.duckdb"
+    args = [sys.executable, "-m", "ioe", "sidecar", "--store", str(path), "--port", str(port)]
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=_env())
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None, "ioe sidecar did not become ready"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "Error" not in err, err
