@@ -208,6 +208,9 @@ class GuardedH11Protocol(H11Protocol):
 
     def _expired(self) -> None:
         self._deadline = None
+        if self.flow.read_paused:  # the server stopped reading (the app is busy): not the client's delay
+            self._arm(BODY_TIMEOUT_S)
+            return
         state = self.conn.their_state
         if state is h11.SEND_BODY or (state is h11.IDLE and self.conn.our_state is h11.IDLE):
             self.transport.close()
