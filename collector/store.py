@@ -136,7 +136,6 @@ class Store(RowCounts):
             self._config["wal_autocheckpoint"] = WAL_AUTOCHECKPOINT
         attached = not read_only and self.path != ":memory:"
         self._use = f"USE {ATTACHED}" if attached else ""  # makes a new cursor see the store's tables
-        self._series = {name: series.SeriesIndex(t) for name, t in TABLES.items() if t.values}
         self._open()
 
     def _open(self) -> None:
@@ -158,6 +157,9 @@ class Store(RowCounts):
                 raise
             raise StoreError(f"store {self.path}: cannot open ({_first_line(exc)})") from exc
         self.lock_down()
+        # what the writer keeps in memory is read again from the file (a reopen may follow a
+        # commit that failed)
+        self._series = {name: series.SeriesIndex(t) for name, t in TABLES.items() if t.values}
         self._newest: dict[str, int | None] = {}  # points table -> its largest ts_ns stored
         self._writer = self._new_cursor()
 

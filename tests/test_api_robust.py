@@ -41,6 +41,7 @@ from api.fastpath import SnapshotFastPath
 from api.limits import InFlight
 from collector.formats import IngestContext
 from collector.ingest import ingest_paths
+from collector.records import frame, points_name, series_name
 from collector.store import Store
 from ioe.settings import Settings
 
@@ -292,3 +293,42 @@ def test_full_disk_answers_503_and_the_invalidated_store_is_reopened(
 def test_metrics_document_the_shed_counter() -> None:
     text = (Path(__file__).resolve().parent.parent / "docs" / "metrics.md").read_text()
     assert "`ioe_api_shed_requests_total`" in text
+
+
+def _gpu_batch(k: int, n: int = 4000) -> object:
+    """``n`` samples of 40 series new in batch ``k`` (so each write adds series as well)."""
+    return frame("gpu_samples", {
+        "ts_ns": [1_800_000_000 * 10**9 + (k * n + i) * 10**6 for i in range(n)], "host": ["node0"] * n,
+        "gpu": [i % 8 for i in range(n)], "uuid": [f"GPU-{k}-{i % 40}" for i in range(n)],
+        "metric": ["sm_active_ratio"] * n, "value": [0.5] * n,
+    })  # fmt: skip
+
+
+def test_a_reopened_store_keeps_committed_series_and_points(tmp_path: Path, file_limit: list[int]) -> None:
+    """The writer's in-memory series ids are read again at a reopen: a commit that failed on the
+    full disk must not leave ids the file never stored."""
+    path = tmp_path / "store.duckdb"
+    st = Store(path)
+    st.write("gpu_samples", _gpu_batch(0))
+    st.checkpoint()
+    acked = 4000
+    _set_limit(file_limit, path.stat().st_size + 128 * 1024)
+    with pytest.raises(duckdb.Error):
+        for k in range(1, 200):
+            st.write("gpu_samples", _gpu_batch(k))
+            acked += 4000
+    with pytest.raises(duckdb.IOException, match="invalidated"):
+        st.checkpoint()
+    _set_limit(file_limit, 0)
+    st.reopen()
+    st.write("gpu_samples", _gpu_batch(500))
+    assert st.count("gpu_samples") == acked + 4000
+    series, points = series_name("gpu_samples"), points_name("gpu_samples")
+    with st.cursor() as cur:
+        n, ids = cur.execute(f"SELECT count(*), count(DISTINCT series_id) FROM {series}").fetchone()
+        orphans = cur.execute(
+            f"SELECT count(*) FROM {points} ANTI JOIN {series} USING (series_id)"
+        ).fetchone()
+    # every point names a stored series; ids are unique (series of a failed write may stay, pointless)
+    assert n == ids >= acked // 100 + 40 and orphans == (0,)
+    st.close()
