@@ -394,7 +394,7 @@ async function planView(box, base) {
 async function render() {
   const main = document.getElementById("main");
   delete main.dataset.ready;
-  const m = location.pathname.match(/^\/deployments\/([^/]+)$/);
+  const m = location.pathname.match(/^\/deployments\/(.+)$/);  // a name may hold "/" (%2F)
   try {
     if (m) await deploymentView(main, decodeURIComponent(m[1]));
     else await overview(main);

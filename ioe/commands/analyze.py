@@ -2,8 +2,9 @@
 
 ``ioe analyze --store FILE [--deployment D] [--window 15m] [--at TIME] [--json]``. The command is a
 typer group (``invoke_without_command``) so sub-commands such as ``ioe analyze stragglers`` can be
-added beside the default report. It opens the store read-only and prints; the analysis itself is
-:func:`analyzer.report.build_report` (the same objects the API serves).
+added beside the default report. It opens the store read-only (a snapshot of it while a running
+sidecar or ``ioe serve`` holds it: :func:`ioe.commands._common.readable_store`) and prints; the
+analysis itself is :func:`analyzer.report.build_report` (the same objects the API serves).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import typer
 from analyzer.deployments import find_deployment, list_deployments
 from analyzer.report import build_report, latest_ns
 from collector.readonly import open_readonly
+from ioe.commands._common import fail, readable_store
 
 NS = 1_000_000_000
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -99,10 +101,15 @@ def analyze(
     if store is None:
         raise typer.BadParameter("--store is required", param_hint="--store")
     window_s = parse_duration(window)
-    if not store.exists():
-        typer.echo(f"store {store}: no such file", err=True)
-        raise typer.Exit(2)
-    con = open_readonly(store)
+    with readable_store("ioe analyze", store) as path:  # a live writer's store: a snapshot
+        report = _report(path, store, deployment, window_s, at, th)
+    typer.echo(json.dumps(report, indent=2, default=str) if as_json else _text(report))
+
+
+def _report(
+    path: Path, store: Path, deployment: str | None, window_s: float, at: str | None, th: Any
+) -> dict[str, Any]:
+    con = open_readonly(path)
     try:
         end_ns = parse_time(at) if at else latest_ns(con)
         if end_ns is None:
@@ -112,12 +119,10 @@ def analyze(
             since = end_ns - int(window_s * NS)
             deps = [find_deployment(con, deployment, since)] if deployment else list_deployments(con, since)
         except KeyError as exc:
-            typer.echo(str(exc.args[0]), err=True)
-            raise typer.Exit(2) from exc
-        report = build_report(con, deps, end_ns, window_s, th)
+            fail(f"ioe analyze: {exc.args[0]}")
+        return build_report(con, deps, end_ns, window_s, th)
     finally:
         con.close()
-    typer.echo(json.dumps(report, indent=2, default=str) if as_json else _text(report))
 
 
 def _analysis(config: Path | None, sets: list[str]) -> tuple[Any, dict[str, str]]:
