@@ -14,7 +14,10 @@ Rules for a JSONL line:
 1. A blank line is skipped silently.
 2. A line that is not a JSON object, lacks ``header.id`` (a non-empty string) or
    ``header.rank`` (an integer), or whose perf fields have the wrong JSON type, is a
-   :class:`Problem` at ``<source>:<line>`` quoting the line; the other lines are kept.
+   :class:`Problem` at ``<source>:<line>`` naming the field and quoting it; the other lines
+   are kept. Integers must lie in ``0..`` the store column's largest value (rank, ranks,
+   nodes, peer: 32-bit; ``*_sn``, sizes, pid: 64-bit); times and bandwidths must not be
+   negative.
 3. A ``dump_stats`` line (a per-dump marker the Inspector writes before the records) and a line
    with no perf object carry no collective: they are skipped, not refused.
 4. ``coll_perf`` → ``kind='coll'``, ``coll_sn`` from ``coll_sn``; ``p2p_perf`` →
@@ -59,6 +62,8 @@ TABLE = "collective_records"
 ORIGIN = "inspector"
 PROM_ORIGIN = "inspector-prom"
 
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 _PERF_KEYS = (("coll_perf", "coll", "coll"), ("p2p_perf", "p2p", "p2p"))
 
 
@@ -124,10 +129,10 @@ def _identity(header: dict[str, Any], meta: dict[str, Any], line: str, loc: str)
     return {
         "origin": ORIGIN,
         "comm_id": comm_id,
-        "rank": _int(header, "rank", "header.", line, loc, required=True),
+        "rank": _int(header, "rank", "header.", line, loc, required=True, top=INT32_MAX),
         "comm_name": _str(header, "comm_name", "header.", line, loc),
-        "n_ranks": _int(header, "n_ranks", "header.", line, loc),
-        "nnodes": _int(header, "nnodes", "header.", line, loc),
+        "n_ranks": _int(header, "n_ranks", "header.", line, loc, top=INT32_MAX),
+        "nnodes": _int(header, "nnodes", "header.", line, loc, top=INT32_MAX),
         "host": _str(meta, "hostname", "metadata.", line, loc),
         "pid": _int(meta, "pid", "metadata.", line, loc),
         "dump_ts_us": _num(meta, "dump_timestamp_us", "metadata.", line, loc),
@@ -141,11 +146,11 @@ def _perf(perf: dict[str, Any], p: str, kind: str, line: str, loc: str) -> dict[
         "op": _str(perf, p, where, line, loc, required=True),
         "coll_sn": _int(perf, f"{p}_sn", where, line, loc, required=True),
         "msg_bytes": _int(perf, f"{p}_msg_size_bytes", where, line, loc),
-        "exec_us": _num(perf, f"{p}_exec_time_us", where, line, loc),
+        "exec_us": _num(perf, f"{p}_exec_time_us", where, line, loc, low=0.0),
         "timing_source": _str(perf, f"{p}_timing_source", where, line, loc),
-        "algbw_gbs": _num(perf, f"{p}_algobw_gbs", where, line, loc),
-        "busbw_gbs": _num(perf, f"{p}_busbw_gbs", where, line, loc),
-        "peer": _int(perf, "p2p_peer", where, line, loc) if kind == "p2p" else None,
+        "algbw_gbs": _num(perf, f"{p}_algobw_gbs", where, line, loc, low=0.0),
+        "busbw_gbs": _num(perf, f"{p}_busbw_gbs", where, line, loc, low=0.0),
+        "peer": _int(perf, "p2p_peer", where, line, loc, top=INT32_MAX) if kind == "p2p" else None,
     }
     trace = perf.get("event_trace_ts")
     if trace is not None:
@@ -165,22 +170,36 @@ def _json(value: Any) -> str:
 
 
 def _int(
-    d: dict[str, Any], key: str, where: str, line: str, loc: str, *, required: bool = False
+    d: dict[str, Any],
+    key: str,
+    where: str,
+    line: str,
+    loc: str,
+    *,
+    required: bool = False,
+    top: int = INT64_MAX,
 ) -> int | None:
+    """Rule 2: an integer in ``0..top`` (the store's INTEGER or BIGINT), else a ParseError."""
     value = d.get(key)
     if value is None and not required:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise ParseError(f"{where}{key} must be an integer", location=loc, snippet=_json(value))
+    if not 0 <= value <= top:
+        raise ParseError(f"{where}{key} out of range 0..{top}", location=loc, snippet=_json(value))
     return value
 
 
-def _num(d: dict[str, Any], key: str, where: str, line: str, loc: str) -> float | None:
+def _num(
+    d: dict[str, Any], key: str, where: str, line: str, loc: str, *, low: float = -math.inf
+) -> float | None:
     value = d.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ParseError(f"{where}{key} must be a finite number", location=loc, snippet=_json(value))
+    if value < low:
+        raise ParseError(f"{where}{key} must not be negative", location=loc, snippet=_json(value))
     return float(value)
 
 
@@ -294,10 +313,13 @@ def _prom_row(kind: str, labels: dict[str, str], snapshot_us: float | None) -> d
 
 
 def _label_int(labels: dict[str, str], key: str) -> int | None:
+    """The label as an integer the store's INTEGER holds (its BIGINT for ``*_sn``), else None."""
     try:
-        return int(labels[key])
+        value = int(labels[key])
     except (KeyError, ValueError):
         return None
+    top = INT64_MAX if key.endswith("_sn") else INT32_MAX
+    return value if -top - 1 <= value <= top else None
 
 
 # -- file formats ---------------------------------------------------------------------------

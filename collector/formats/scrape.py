@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from operator import mul
@@ -71,6 +72,7 @@ class _Plan:
     index: list[int]
     scale: list[float]
     unit_rows: list[int]  # rows whose value must lie in 0..1 (KV usage)
+    counter_rows: list[int]  # rows whose value must not be negative (dcgm rule 10, engine rule 10)
     blank_check: bool  # DCGM rows: a raw value ≥ BLANK_MIN is a blank sentinel
     unique: bool  # no two rows share the table's key: replayed batches say so (Batch rule 4)
 
@@ -186,6 +188,8 @@ def _full(
         result.extend(gpu)
     if kind in ("engine", "auto"):
         result.extend(to_engine_samples(exp, ts_ns=ts_ns, source=source, memo=memo.engine, trace=traces))
+    if len(result.problems) > len(exp.problems):
+        result.problems[len(exp.problems) :] = _located(text, result.problems[len(exp.problems) :], source)
     learned = Skeleton.learn(text) if cache is not None and not result.problems else None
     memo.replay = None
     if learned is not None:
@@ -212,6 +216,8 @@ def _replayed(replay: _Replay, texts: list[str], ts_ns: int) -> Parsed | None:
             return None
         scaled = plan.scaled(raw)
         if any(not 0.0 <= scaled[r] <= 1.0 for r in plan.unit_rows):
+            return None
+        if min(raw, default=0.0) < 0 and any(raw[r] < 0 for r in plan.counter_rows):
             return None
         new: dict[str, list[Any]] = {"ts_ns": [ts_ns] * len(scaled), VALUE_COLUMN[table]: scaled}
         # the identity lists are shared with the plan, never copied (Batch rule 3)
@@ -245,13 +251,65 @@ def _learned(
         identity = [ids[k] for k in TABLES[table].key if k != "ts_ns"]  # one ts_ns per scrape
         unique = len(set(zip(*identity, strict=True))) == frame.height
         plans[table] = _Plan(
-            table, ids, frame.columns, list(index), list(scale), unit_rows, table == "gpu_samples", unique
+            table,
+            ids,
+            frame.columns,
+            list(index),
+            list(scale),
+            unit_rows,
+            _counter_rows(table, ids),
+            table == "gpu_samples",
+            unique,
         )
     replay = _Replay(key, skeleton, plans)
     again = _replayed(replay, texts, ts_ns)
     if again is None or any(not again.batches[t].equals(f) for t, f in result.batches.items() if t in plans):
         return None
     return replay
+
+
+def _counter_rows(table: str, ids: dict[str, list[Any]]) -> list[int]:
+    """Rows of a replay plan that hold a count, which must never be negative."""
+    if table == "histogram_buckets":
+        return list(range(len(next(iter(ids.values()), []))))
+    names = ids.get("metric") if table == "gpu_samples" else ids.get("concept")
+    suffixes = ("_total", "_j", "_violation_s") if table == "gpu_samples" else ("_total", "_sum", "_count")
+    return [r for r, name in enumerate(names or []) if name.endswith(suffixes)]
+
+
+def _located(text: str, problems: list[Problem], source: str) -> list[Problem]:
+    """A mapper's problem names a series (``DCGM_FI_X{gpu="9"}``): add the line of that sample.
+
+    The first line that starts with the metric name and holds every ``k="v"`` of the named
+    label set is taken (found only for the rare refused sample; a hint for a person)."""
+    out = []
+    for p in problems:
+        lineno = 0
+        if not p.location.startswith(("line ", "body", "end of")) and p.location not in (
+            "",
+            "dcgm",
+            "engine",
+        ):
+            lineno = _line_of(text, p.location)
+        out.append(_named(Problem(f"line {lineno}: {p.location}", p.message), source) if lineno else p)
+    return out
+
+
+_PAIR = re.compile(r'[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"')
+
+
+def _line_of(text: str, series: str) -> int:
+    name, _, rest = series.partition("{")
+    pairs = _PAIR.findall(rest.removesuffix("…"))[:-1] if rest.endswith("…") else _PAIR.findall(rest)
+    start = 0
+    while (at := text.find(name, start)) >= 0:
+        start = at + len(name)
+        end = text.find("\n", at)
+        line = text[at : end if end >= 0 else len(text)]
+        starts = (at == 0 or text[at - 1] == "\n") and line[len(name) : len(name) + 1] in ("{", " ", "\t")
+        if starts and all(pair in line for pair in pairs):
+            return text.count("\n", 0, at) + 1
+    return 0
 
 
 def _named(problem: Problem, source: str) -> Problem:
