@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
+from collector.batch import Batch
 from collector.formats.nccl_inspector import parse_jsonl
 from collector.formats.scrape import ScrapeCache, parse_scrape
+from collector.records import batch
+from collector.store import Store
+from collector.writer import QueueSink, WriterThread
 
 GOOD_GPU = 'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-a"} 40\n'
 
@@ -91,3 +95,59 @@ def test_inspector_rank_and_coll_sn_out_of_range_are_problems_and_good_lines_sta
         "header.rank" in fields[0] and "coll_perf.coll_sn" in fields[1] and "coll_perf.coll_sn" in fields[2]
     )
     assert "coll_exec_time_us" in fields[3]
+
+
+# -- D1: a failing store write isolates the bad rows, per source --------------------------------
+def _gpu_batch(source: str, gpus: list[int], ts_ns: int = 1) -> Batch:
+    n = len(gpus)
+    return batch(
+        "gpu_samples",
+        {
+            "ts_ns": [ts_ns] * n,
+            "host": [source] * n,
+            "gpu": gpus,
+            "uuid": [f"{source}-GPU-{i}" for i in range(n)],
+            "metric": ["power_w"] * n,
+            "link": [-1] * n,
+            "value": [1.0] * n,
+            "source": [source] * n,
+        },
+    )
+
+
+def test_one_unstorable_row_costs_only_itself_not_the_other_targets_rows() -> None:
+    # rows built past the parsers (a future reader's bug): the merged flush fails on gpu=3e9;
+    # the writer must keep target a's 50 rows and b's other 49, and say which row it dropped
+    store = Store()
+    sink = QueueSink(100)
+    errors: list[tuple[str, int]] = []
+    writer = WriterThread(sink, store, flush_interval_s=60, on_error=lambda t, n, e: errors.append((t, n)))
+    writer.start()
+    sink.write("gpu_samples", _gpu_batch("a", list(range(50))))
+    sink.write("gpu_samples", _gpu_batch("b", [*range(20), 3_000_000_000, *range(21, 50)]))
+    acked: list[bool] = []
+    sink.after_commit(acked.append)
+    assert writer.flush_now()
+    writer.stop()
+    with store.cursor() as cur:
+        per_source = dict(cur.execute("SELECT source, count(*) FROM gpu_samples GROUP BY 1").fetchall())
+        refused = cur.execute("SELECT source, location, message FROM ingest_errors").fetchall()
+    assert per_source == {"a": 50, "b": 49}
+    assert errors == [("gpu_samples", 1)] and acked == [True]
+    ((source, location, message),) = refused
+    assert source == "b" and location == "store write to gpu_samples" and "gpu" in message
+
+
+def test_a_store_failure_is_not_mistaken_for_bad_rows_and_the_ack_says_so() -> None:
+    # a closed store fails every write: nothing is "isolated", the commit callback gets False
+    store = Store()
+    sink = QueueSink(10)
+    writer = WriterThread(sink, store, flush_interval_s=60)
+    store.close()
+    writer.start()
+    sink.write("gpu_samples", _gpu_batch("a", [0, 1]))
+    acked: list[bool] = []
+    sink.after_commit(acked.append)
+    writer.flush_now()
+    writer.stop()
+    assert acked == [False]
