@@ -48,7 +48,7 @@ _ACK = "__ack__"
 MAX_ISOLATION_WRITES = 256
 
 
-def _store_failure(exc: BaseException) -> bool:
+def store_failure(exc: BaseException) -> bool:
     """Rule 1: the store itself failed (I/O, memory, a closed or invalidated database), so the
     rows may be fine and are not searched for a bad one."""
     import duckdb
@@ -183,7 +183,7 @@ class WriterThread(threading.Thread):
         """Write every table's batches (rule 1); False when the store failed and rows were lost."""
         budget = [MAX_ISOLATION_WRITES]
         committed = True
-        rejected: list[tuple[str, Any, str]] = []
+        rejected: list[Rejected] = []
         for table, frames in pending.items():
             # Batches stay a Batch; a receiver's frames beside a scraper's batches become one frame
             try:
@@ -191,7 +191,7 @@ class WriterThread(threading.Thread):
                 self._on_stored(table, self.store.write(table, batch))
                 continue
             except Exception as exc:  # one bad batch must not stop the writer
-                if _store_failure(exc):
+                if store_failure(exc):
                     n = sum(map(len, frames))
                     log.exception("store write to %s failed (%d rows dropped)", table, n)
                     self._on_error(table, n, exc)
@@ -204,52 +204,14 @@ class WriterThread(threading.Thread):
             self._record_rejected(rejected)
         return committed
 
-    def _isolate(
-        self, table: str, rows: Any, budget: list[int], rejected: list[tuple[str, Any, str]]
-    ) -> bool:
-        """Rule 1-2: store what of ``rows`` the store takes; the rows it refuses go to ``rejected``."""
-        stack = [rows]
-        while stack:
-            part = stack.pop()
-            try:
-                self._on_stored(table, self.store.write(table, part))
-                continue
-            except Exception as exc:
-                if _store_failure(exc):
-                    log.exception("store write to %s failed (%d rows dropped)", table, len(part))
-                    self._on_error(table, len(part), exc)
-                    return False
-                budget[0] -= 1
-                reason = str(exc)
-            if len(part) == 1 or budget[0] <= 0:
-                if budget[0] <= 0:
-                    log.warning("%s: gave up isolating bad rows; %d rows dropped", table, len(part))
-                self._on_error(table, len(part), ValueError(reason))
-                rejected.append((table, part, reason))
-                continue
-            half = len(part) // 2
-            stack += [_slice(part, half, len(part)), _slice(part, 0, half)]
-        return True
+    def _isolate(self, table: str, rows: Any, budget: list[int], rejected: list[Rejected]) -> bool:
+        return isolate(self.store, table, rows, budget, rejected, self._on_stored, self._on_error)
 
-    def _record_rejected(self, rejected: list[tuple[str, Any, str]]) -> None:
-        """Rule 1: one ``ingest_errors`` row per refused part, naming table, source and reason."""
-        from collector.records import batch as make_batch
-
-        now = time.time_ns()
-        rows = [(table, _source_of(part), len(part), reason) for table, part, reason in rejected]
-        errors = make_batch(
-            "ingest_errors",
-            {
-                "ts_ns": [now + i for i in range(len(rows))],
-                "source": [source for _, source, _, _ in rows],
-                "location": [f"store write to {table}" for table, _, _, _ in rows],
-                "message": [f"{n} row(s) refused by the store: {reason[:300]}" for _, _, n, reason in rows],
-            },
-        )
+    def _record_rejected(self, rejected: list[Rejected]) -> None:
         try:
-            self.store.write("ingest_errors", errors)
+            self.store.write("ingest_errors", rejected_rows(rejected, time.time_ns()))
         except Exception:
-            log.exception("could not record %d refused part(s) in ingest_errors", len(rows))
+            log.exception("could not record %d refused part(s) in ingest_errors", len(rejected))
 
 
 class DirectSink:
@@ -285,6 +247,61 @@ class DirectSink:
         return rows
 
 
+Rejected = tuple[str, Any, str]  # (table, rows, the store's reason)
+
+
+def isolate(
+    store: Sink,
+    table: str,
+    rows: Any,
+    budget: list[int],
+    rejected: list[Rejected],
+    on_stored: Callable[[str, int], None],
+    on_error: Callable[[str, int, Exception], None],
+) -> bool:
+    """Rules 1-2: store what of ``rows`` the store takes, halving a part it refuses on its
+    data; the rows it refuses alone go to ``rejected``. False when the store itself failed
+    (nothing more is tried); ``budget[0]`` counts down the failed writes still allowed."""
+    stack = [rows]
+    while stack:
+        part = stack.pop()
+        try:
+            on_stored(table, store.write(table, part))
+            continue
+        except Exception as exc:
+            if store_failure(exc):
+                log.exception("store write to %s failed (%d rows dropped)", table, len(part))
+                on_error(table, len(part), exc)
+                return False
+            budget[0] -= 1
+            reason = str(exc)
+        if len(part) == 1 or budget[0] <= 0:
+            if budget[0] <= 0:
+                log.warning("%s: gave up isolating bad rows; %d rows dropped", table, len(part))
+            on_error(table, len(part), ValueError(reason))
+            rejected.append((table, part, reason))
+            continue
+        half = len(part) // 2
+        stack += [_slice(part, half, len(part)), _slice(part, 0, half)]
+    return True
+
+
+def rejected_rows(rejected: list[Rejected], now_ns: int) -> Batch:
+    """Rule 1: one ``ingest_errors`` row per refused part, naming table, source and reason."""
+    from collector.records import batch as make_batch
+
+    rows = [(table, source_of(part), len(part), reason) for table, part, reason in rejected]
+    return make_batch(
+        "ingest_errors",
+        {
+            "ts_ns": [now_ns + i for i in range(len(rows))],
+            "source": [source for _, source, _, _ in rows],
+            "location": [f"store write to {table}" for table, _, _, _ in rows],
+            "message": [f"{n} row(s) refused by the store: {reason[:300]}" for _, _, n, reason in rows],
+        },
+    )
+
+
 def _slice(rows: Any, lo: int, hi: int) -> Any:
     """Rows ``lo..hi`` of a Batch or polars frame."""
     if isinstance(rows, Batch):
@@ -292,7 +309,7 @@ def _slice(rows: Any, lo: int, hi: int) -> Any:
     return rows.slice(lo, hi - lo)
 
 
-def _source_of(rows: Any) -> str:
+def source_of(rows: Any) -> str:
     """Where refused rows came from: their first ``source``, ``host`` or ``target`` value."""
     columns = rows.columns
     for name in ("source", "host", "target", "comm_id"):
