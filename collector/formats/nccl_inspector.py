@@ -47,14 +47,15 @@ Known limits: this parser trusts ``n_ranks``/``nnodes`` as written; it does not 
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from collector.errors import ParseError, Problem
+from collector.files import LineChunks, read_capped
 from collector.formats import FileFormat, IngestContext, Parsed
 from collector.records import frame
 
@@ -346,15 +347,31 @@ def sniff_prom(name: str, head: bytes) -> bool:
     return any(re.search(rb"(?m)^" + m.encode() + rb"[{\s]", head) for m in PROM_METRICS)
 
 
+MAX_PROM_BYTES = 256 << 20  # a textfile is one snapshot, read whole; past this it is refused
+
+
 def _read_text(path: Path) -> str:
-    with path.open("rb") as fh:
-        magic = fh.read(2)
-    raw = gzip.decompress(path.read_bytes()) if magic == b"\x1f\x8b" else path.read_bytes()
-    return raw.decode("utf-8", "replace")
+    return read_capped(path, MAX_PROM_BYTES).decode("utf-8", "replace")
+
+
+def stream_jsonl(path: Path, ctx: IngestContext) -> Iterator[Parsed]:
+    """A dump of any size, a chunk of whole lines at a time (gzip streamed and capped, a cut
+    last line refused: :mod:`collector.files`)."""
+    chunks = LineChunks(path)
+    for first, data in chunks:
+        parsed = parse_jsonl(data.decode("utf-8", "replace"), str(path), first_line=first)
+        parsed.lines = data.count(b"\n")
+        yield parsed
+    if chunks.problems:
+        yield Parsed(problems=chunks.problems)
 
 
 def load_jsonl(path: Path, ctx: IngestContext) -> Parsed:
-    return parse_jsonl(_read_text(path), str(path))
+    whole = Parsed()
+    for part in stream_jsonl(path, ctx):
+        whole.extend(part)
+        whole.lines += part.lines
+    return whole
 
 
 def load_prom(path: Path, ctx: IngestContext) -> Parsed:
@@ -362,7 +379,7 @@ def load_prom(path: Path, ctx: IngestContext) -> Parsed:
 
 
 FILE_FORMATS = [
-    FileFormat("nccl-inspector-jsonl", sniff_jsonl, load_jsonl, priority=40),
+    FileFormat("nccl-inspector-jsonl", sniff_jsonl, load_jsonl, priority=40, stream=stream_jsonl),
     FileFormat("nccl-inspector-prom", sniff_prom, load_prom, priority=40),
 ]
 
