@@ -8,9 +8,10 @@ Rules:
    decompresses to is capped at :data:`MAX_DECOMPRESSED_BYTES` and at
    :data:`MAX_GZIP_RATIO` times its compressed size (at least :data:`MIN_GZIP_CAP`): a gzip
    bomb stops at the cap with a Problem; the lines read before it are kept.
-2. :func:`line_chunks` yields whole lines, about ``chunk_bytes`` at a time, each chunk with
-   the number of its first line. A line longer than ``chunk_bytes`` is still yielded whole
-   (a single line can only be as big as the caps).
+2. :class:`LineChunks` yields whole lines, about ``chunk_bytes`` at a time, each chunk with
+   the number of its first line. A line longer than ``chunk_bytes`` is still yielded whole,
+   up to ``max_line_bytes`` (64 MiB); a longer one is skipped with a Problem, so a file
+   without newlines never fills memory.
 3. A last line without a newline may have been cut off while the file was written (a copy
    taken mid-write, a full disk): ``24669591596`` cut to ``246695`` is still a number. It is
    not stored: a Problem names the line and quotes it. A cut comment (``# EOF``) is kept.
@@ -33,6 +34,7 @@ MAX_DECOMPRESSED_BYTES = 64 << 30
 MAX_GZIP_RATIO = 200
 MIN_GZIP_CAP = 256 << 20
 CHUNK_BYTES = 8 << 20
+MAX_LINE_BYTES = 64 << 20
 GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -52,6 +54,7 @@ class LineChunks:
 
     path: Path
     chunk_bytes: int = CHUNK_BYTES
+    max_line_bytes: int = MAX_LINE_BYTES
     problems: list[Problem] = field(default_factory=list)
     lines: int = 0
 
@@ -63,15 +66,14 @@ class LineChunks:
         carry = b""
         read = 0
         first = 1
-        while True:
-            want = self.chunk_bytes if cap is None else min(self.chunk_bytes, cap - read + 1)
-            try:
-                block = fh.read(want) if want > 0 else b""
-            except (OSError, EOFError, zlib.error) as exc:
-                self.problems.append(Problem(f"{self.path}:{first}", f"cannot read ({exc})"))
-                block = b""
+        skipping = False  # inside a line longer than max_line_bytes (rule 2)
+        done = False
+        while not done:
+            block = self._read(
+                fh, self.chunk_bytes if cap is None else min(self.chunk_bytes, cap - read + 1), first
+            )
             read += len(block)
-            if cap is not None and read > cap:
+            if cap is not None and read > cap:  # rule 1: keep what is under the cap, then stop
                 block = block[: len(block) - (read - cap)]
                 self.problems.append(
                     Problem(
@@ -79,22 +81,44 @@ class LineChunks:
                         f"decompressed size passes the cap of {cap:,} bytes; the rest is not read",
                     )
                 )
-                carry += block
-                break
+                done = True
             if not block:
                 break
+            if skipping:
+                newline = block.find(b"\n")
+                if newline < 0:
+                    continue
+                block, skipping = block[newline + 1 :], False
+                first += 1
+                self.lines += 1
             data = carry + block
             end = data.rfind(b"\n") + 1
-            if end == 0:
-                carry = data
-                continue
             carry = data[end:]
-            n = data.count(b"\n", 0, end)
-            yield first, data[:end]
-            first += n
-            self.lines += n
+            if len(carry) > self.max_line_bytes:
+                self.problems.append(
+                    Problem(
+                        f"{self.path}:{first}", f"line longer than {self.max_line_bytes:,} bytes: skipped"
+                    )
+                )
+                carry, skipping = b"", True
+            if end:
+                n = data.count(b"\n", 0, end)
+                yield first, data[:end]
+                first += n
+                self.lines += n
+        yield from self._tail(carry, first, skipping)
+
+    def _read(self, fh: BinaryIO, want: int, line: int) -> bytes:
+        try:
+            return fh.read(want) if want > 0 else b""
+        except (OSError, EOFError, zlib.error) as exc:
+            self.problems.append(Problem(f"{self.path}:{line}", f"cannot read further ({exc})"))
+            return b""
+
+    def _tail(self, carry: bytes, first: int, skipping: bool) -> Iterator[tuple[int, bytes]]:
+        """Rule 3: the last line when it has no newline."""
         tail = carry
-        if tail.strip():
+        if tail.strip() and not skipping:
             if tail.lstrip().startswith(b"#"):
                 self.lines += 1
                 yield first, tail + b"\n"

@@ -11,9 +11,9 @@ Rules:
    timestamps is stamped with its modification time unless the context gives one
    (``ctx.ts_ns`` 0 means "the file's"), so importing the same files again adds no row.
 4. Problems are bounded: at most :data:`MAX_PROBLEMS_PER_FILE` are listed and stored in
-   ``ingest_errors`` per file; one more problem counts the rest. A file whose refused lines
-   are more than :data:`BAD_SHARE` of its lines gets a problem that says so (its good rows
-   are kept).
+   ``ingest_errors`` per file; one more problem counts the rest. A file of 10 lines or more
+   whose refused lines are more than :data:`BAD_SHARE` of its lines gets a problem that says
+   so (its good rows are kept).
 5. Rows the store refuses are isolated (:func:`collector.writer.isolate`): the other rows of
    the batch are kept, the refused ones are problems. A failure of the store itself (I/O,
    memory) stops the import with :class:`collector.store.StoreError`.
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 MAX_PROBLEMS_PER_FILE = 100
 MAX_REPORT_PROBLEMS = 1000
 BAD_SHARE = 0.10
+MIN_LINES_FOR_SHARE = 10  # a smaller file's refused lines are each listed already
 _MORE = re.compile(r"^(\d+) more bad lines")
 
 
@@ -120,7 +121,7 @@ class _FileImport:
         except (ParseError, OSError, EOFError, ValueError, zlib.error, MemoryError) as exc:
             self.problems([Problem(str(self.path), str(exc))])
         share = self.bad / self.lines if self.lines else 0.0
-        if share > BAD_SHARE:
+        if share > BAD_SHARE and self.lines >= MIN_LINES_FOR_SHARE:
             why = (
                 f"{self.bad:,} of {self.lines:,} lines refused ({share:.0%}, over {BAD_SHARE:.0%}): "
                 "the good rows are kept; is this the format it looks like?"

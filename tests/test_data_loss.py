@@ -3,14 +3,23 @@ outcome a careful operator expects written beside it. Every case is small and bo
 
 from __future__ import annotations
 
+import gzip
 import json
+from pathlib import Path
 
+import pytest
+from typer.testing import CliRunner
+
+from collector import files
 from collector.batch import Batch
+from collector.formats import IngestContext
 from collector.formats.nccl_inspector import parse_jsonl
 from collector.formats.scrape import ScrapeCache, parse_scrape
+from collector.ingest import MAX_PROBLEMS_PER_FILE, IngestReport, ingest_paths
 from collector.records import batch
 from collector.store import Store
 from collector.writer import QueueSink, WriterThread
+from ioe.cli import app
 
 GOOD_GPU = 'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-a"} 40\n'
 
@@ -151,3 +160,123 @@ def test_a_store_failure_is_not_mistaken_for_bad_rows_and_the_ack_says_so() -> N
     writer.flush_now()
     writer.stop()
     assert acked == [False]
+
+
+# -- D4 / D5 / D7: ioe ingest -------------------------------------------------------------------
+VLLM = '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="m",engine="0"}} {v}\n'
+
+
+def _ingest(store: Store, *paths: Path, **ctx: object) -> IngestReport:
+    return ingest_paths(store, list(paths), IngestContext(ts_ns=0, source="ingest", **ctx))  # type: ignore[arg-type]
+
+
+def test_two_nodes_files_of_one_name_stay_two_series_and_reimport_adds_nothing(tmp_path: Path) -> None:
+    # node0/metrics.prom and node1/metrics.prom were captured at the same instant: two engines,
+    # two series. Re-importing the folder (no --ts) must not add a row: the default time is
+    # each file's modification time, not "now".
+    for node, value in (("node0", 3), ("node1", 5)):
+        (tmp_path / node).mkdir()
+        (tmp_path / node / "metrics.prom").write_text(
+            VLLM.format(v=value) + GOOD_GPU.replace("GPU-a", f"GPU-{node}")
+        )
+    store = Store()
+    first = _ingest(store, tmp_path)
+    again = _ingest(store, tmp_path)
+    assert first.rows["engine_samples"] == 2 and first.rows["gpu_samples"] == 2
+    assert again.rows["engine_samples"] == 0 and again.rows["gpu_samples"] == 0
+    with store.cursor() as cur:
+        rows = cur.execute("SELECT source, value, ts_ns FROM engine_samples ORDER BY source").fetchall()
+    mtime = (tmp_path / "node0" / "metrics.prom").stat().st_mtime_ns
+    assert [(s, v) for s, v, _ in rows] == [
+        ("ingest:node0/metrics.prom", 3.0),
+        ("ingest:node1/metrics.prom", 5.0),
+    ]
+    assert rows[0][2] == mtime
+
+
+def test_a_cut_off_last_line_is_refused_not_stored_as_a_smaller_number(tmp_path: Path) -> None:
+    # the copy was taken mid-write: "24669591596" became "246695"; still a number, but wrong
+    full = 'DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{gpu="0",UUID="GPU-a"} 24669591596\n'
+    path = tmp_path / "dcgm.prom"
+    path.write_text(full + full.replace("GPU-a", "GPU-b")[:-7])
+    store = Store()
+    report = _ingest(store, path)
+    assert report.rows["gpu_samples"] == 1
+    problem = report.problems[0]
+    assert problem.location == f"{path}:2" and "no newline" in problem.message
+
+
+def test_a_file_with_many_bad_lines_keeps_its_good_rows_and_says_why(tmp_path: Path) -> None:
+    # 10 good samples and 6 lines of garbage (37 %): the good rows are kept and the report
+    # says how much was refused, rather than calling the whole file "unrecognized"
+    good = "".join(f'DCGM_FI_DEV_GPU_TEMP{{gpu="{i}",UUID="GPU-{i}"}} 40\n' for i in range(10))
+    path = tmp_path / "mixed.txt"
+    path.write_text(good + "this is not a metric line\n" * 6)
+    report = _ingest(Store(), path)
+    assert report.rows["gpu_samples"] == 10 and not report.unrecognized
+    assert any("6 of 16 lines refused" in p.message for p in report.problems)
+
+
+def test_problems_are_bounded_per_file(tmp_path: Path) -> None:
+    path = tmp_path / "n0-pid1.log"
+    path.write_text("\n".join([_inspector()] + ['{"header": {"id": "x"}, "coll_perf": 1}'] * 5000) + "\n")
+    store = Store()
+    report = _ingest(store, path)
+    assert report.rows["collective_records"] == 1
+    assert len(report.problems) <= MAX_PROBLEMS_PER_FILE + 2
+    assert store.count("ingest_errors") <= MAX_PROBLEMS_PER_FILE + 2
+    assert any("more problem(s) not listed" in p.message for p in report.problems)
+
+
+def test_a_file_over_16_mib_is_streamed_not_refused(tmp_path: Path) -> None:
+    # 20,000 GPU series with 850-byte pod labels, ~17 MiB: over the 16 MiB scrape-body cap, so
+    # it must be read in chunks; every sample is stored once, and the one problem's line
+    # number is the file's, not its chunk's
+    n, pod = 20_000, "p" * 850
+    path = tmp_path / "big.prom"
+    with path.open("w") as fh:
+        fh.write("# TYPE DCGM_FI_DEV_GPU_TEMP gauge\n")
+        fh.writelines(
+            f'DCGM_FI_DEV_GPU_TEMP{{gpu="1",UUID="GPU-{i:07d}",pod="{pod}"}} 40\n' for i in range(n)
+        )
+        fh.write("garbage line\n")
+    assert path.stat().st_size > 16 << 20
+    report = _ingest(Store(), path)
+    assert report.rows["gpu_samples"] == n
+    assert [p.location.rsplit(": ", 1)[-1] for p in report.problems] == [f"line {n + 2}"]
+
+
+def test_gzip_bomb_stops_at_the_cap_and_keeps_what_came_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 2 MB of gzip can hold GBs; the reader streams and stops at its cap (set small here)
+    monkeypatch.setattr(files, "MAX_GZIP_RATIO", 2)
+    monkeypatch.setattr(files, "MIN_GZIP_CAP", 1 << 20)
+    body = "".join(f'DCGM_FI_DEV_GPU_TEMP{{gpu="1",UUID="GPU-{i:07d}"}} 40\n' for i in range(200_000))
+    path = tmp_path / "bomb.prom.gz"
+    path.write_bytes(gzip.compress(body.encode()))
+    report = _ingest(Store(), path)
+    assert 0 < report.rows["gpu_samples"] < 200_000
+    assert any("passes the cap of 1,048,576 bytes" in p.message for p in report.problems)
+
+
+def test_ioe_ingest_prints_problems_not_a_traceback(tmp_path: Path) -> None:
+    # every input that used to crash the importer, in one folder; and a truncated store
+    data = tmp_path / "in"
+    data.mkdir()
+    (data / "dcgm.prom").write_text(GOOD_GPU + 'DCGM_FI_DEV_GPU_TEMP{gpu="3000000000",UUID="GPU-b"} 41\n')
+    (data / "vllm.prom").write_text(VLLM.format(v=1).replace('engine="0"', 'engine="99999999999999999999"'))
+    (data / "n0-pid1.log").write_text(_inspector() + "\n" + _inspector(rank=2**40, sn=2**70) + "\n")
+    runner = CliRunner()
+    got = runner.invoke(app, ["ingest", "--store", str(tmp_path / "s.duckdb"), "--json", str(data)])
+    assert got.exit_code == 0, got.output
+    out = json.loads(got.stdout)
+    assert out["rows"] == {"gpu_samples": 1, "engine_samples": 1, "collective_records": 1}
+    assert len(out["problems"]) == 2
+    store_file = tmp_path / "s.duckdb"
+    size = store_file.stat().st_size
+    with store_file.open("r+b") as fh:
+        fh.truncate(size // 2)
+    bad = runner.invoke(app, ["ingest", "--store", str(store_file), str(data)])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+    assert bad.stderr.startswith(f"ioe ingest: store {store_file}")
