@@ -3,6 +3,7 @@ outcome a careful operator expects written beside it. Every case is small and bo
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 from pathlib import Path
@@ -17,9 +18,14 @@ from collector.formats.nccl_inspector import parse_jsonl
 from collector.formats.scrape import ScrapeCache, parse_scrape
 from collector.ingest import MAX_PROBLEMS_PER_FILE, IngestReport, ingest_paths
 from collector.records import batch
-from collector.store import Store
+from collector.selfmetrics import SelfMetrics
+from collector.sidecar import MAX_ERRORS_PER_SCRAPE, Sidecar, SourceState
+from collector.sources.http_client import HttpClient
+from collector.store import Retention, Store
 from collector.writer import QueueSink, WriterThread
 from ioe.cli import app
+from ioe.settings import TargetSpec, load_settings
+from tests.httpfixtures import Route, serve
 
 GOOD_GPU = 'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-a"} 40\n'
 
@@ -280,3 +286,40 @@ def test_ioe_ingest_prints_problems_not_a_traceback(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["ingest", "--store", str(store_file), str(data)])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
     assert bad.stderr.startswith(f"ioe ingest: store {store_file}")
+
+
+# -- D6: a target sending garbage is down, and what it costs the store is bounded ---------------
+def test_a_garbage_target_is_down_with_a_reason_and_its_errors_are_bounded_and_pruned(tmp_path: Path) -> None:
+    # 500 lines of garbage and 2 good samples: the target is not "up", the reason says why,
+    # and one scrape stores at most MAX_ERRORS_PER_SCRAPE rows (a second scrape in the same
+    # minute stores none); maintenance deletes them with the raw rows' retention
+    body = (GOOD_GPU + "\x00\x01garbage {{{ \n" * 500 + GOOD_GPU.replace("GPU-a", "GPU-b")).encode()
+    srv = serve({"/metrics": Route(body)})
+    now = [10**18]
+    settings = load_settings(None, args={"store_path": str(tmp_path / "s.duckdb"), "host": "n0"})
+    sink, store = QueueSink(100), Store()
+    car = Sidecar(settings, sink, SelfMetrics(), clock=lambda: now[0])
+    spec = TargetSpec(name="junk", url=srv.url(), kind="dcgm")
+    state = SourceState("junk", "dcgm", srv.url())
+
+    async def scrape_twice() -> None:
+        async with HttpClient() as client:
+            await car.scrape_target(client, spec, state)
+            now[0] += 5 * 10**9
+            await car.scrape_target(client, spec, state)
+
+    try:
+        asyncio.run(scrape_twice())
+    finally:
+        srv.close()
+    writer = WriterThread(sink, store, flush_interval_s=0.05)
+    writer.start()
+    writer.stop()
+    assert not state.health.up and state.health.last_error.startswith("mostly garbage: 500 line(s) refused")
+    assert store.count("gpu_samples") == 4  # the good samples of both scrapes are kept
+    with store.cursor() as cur:
+        up = cur.execute("SELECT up, last_error FROM targets").fetchone()
+    assert up is not None and up[0] is False and "mostly garbage" in up[1]
+    assert store.count("ingest_errors") == MAX_ERRORS_PER_SCRAPE
+    store.maintain(now[0] + 3 * 86400 * 10**9, Retention(raw_s=86400))
+    assert store.count("ingest_errors") == 0
