@@ -18,10 +18,15 @@ def sidecar(
 ) -> None:
     """Scrape GPU and engine metrics, read devices and NCCL logs, receive spans; write the store."""
     from collector.agent import Agent
+    from collector.store import StoreError
 
     settings = settings_or_exit(config, store_path=store, listen_port=port, listen_host=host)
     exposure_or_exit(settings)
-    agent = Agent(settings)
+    try:
+        agent = Agent(settings)
+    except StoreError as exc:  # a locked, truncated or corrupt store: one line, not a traceback
+        typer.echo(f"ioe sidecar: {exc}", err=True)
+        raise typer.Exit(2) from exc
     typer.echo(
         f"ioe sidecar: {len(settings.targets)} target(s), store {settings.store_path}, "
         f"listening on http://{settings.listen_host}:{settings.listen_port}",
