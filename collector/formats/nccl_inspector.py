@@ -347,6 +347,7 @@ def sniff_prom(name: str, head: bytes) -> bool:
     return any(re.search(rb"(?m)^" + m.encode() + rb"[{\s]", head) for m in PROM_METRICS)
 
 
+JSONL_CHUNK_BYTES = 2 << 20  # ~6,000 records: each becomes a dict, so chunks stay small
 MAX_PROM_BYTES = 256 << 20  # a textfile is one snapshot, read whole; past this it is refused
 
 
@@ -357,7 +358,7 @@ def _read_text(path: Path) -> str:
 def stream_jsonl(path: Path, ctx: IngestContext) -> Iterator[Parsed]:
     """A dump of any size, a chunk of whole lines at a time (gzip streamed and capped, a cut
     last line refused: :mod:`collector.files`)."""
-    chunks = LineChunks(path)
+    chunks = LineChunks(path, chunk_bytes=JSONL_CHUNK_BYTES)
     for first, data in chunks:
         parsed = parse_jsonl(data.decode("utf-8", "replace"), str(path), first_line=first)
         parsed.lines = data.count(b"\n")
