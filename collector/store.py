@@ -16,7 +16,8 @@ The schema is versioned in ``ioe_schema``: a new file is created at the current 
 older file is brought forward by the steps in :data:`MIGRATIONS`.
 
 Retention: raw rows older than ``raw_retention_s`` are deleted once they have been rolled up
-into the per-minute ``*_1m`` tables, which are kept for ``rollup_retention_s``.
+into the per-minute ``*_1m`` tables, which are kept for ``rollup_retention_s``; ``ingest_errors``
+rows are kept as long as raw rows.
 """
 
 from __future__ import annotations
@@ -414,6 +415,8 @@ class Store(RowCounts):
         raw_before = min(now_ns - int(retention.raw_s * 1e9), cutoff)
         for table, index in self._series.items():  # the raw tables
             done[f"deleted_{table}"] = self._delete_before(index.points.name, "ts_ns", raw_before)
+        # refused inputs are kept as long as raw rows (a garbage source adds some every scrape)
+        done["deleted_ingest_errors"] = self._delete_before("ingest_errors", "ts_ns", raw_before)
         if now_ns - self._state("series_pruned_ns") >= SERIES_PRUNE_NS:
             for name, index in self._series.items():
                 done[f"pruned_{name}_series"] = index.prune(self.con)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +31,9 @@ class IngestContext:
     ts_ns: int
     host: str = ""
     source: str = ""
+    # the file's name in series identities: its path under the folder being imported
+    # (``node0/metrics.prom``), so two nodes' files of one name stay distinct series
+    name: str = ""
 
 
 @dataclass
@@ -44,6 +47,7 @@ class Parsed:
 
     batches: dict[str, Any] = field(default_factory=dict)  # table -> Batch | pl.DataFrame
     problems: list[Problem] = field(default_factory=list)
+    lines: int = 0  # input lines read, where a streamed file format counts them (ingest's bad share)
 
     @property
     def tables(self) -> dict[str, pl.DataFrame]:
@@ -68,13 +72,15 @@ class FileFormat:
 
     ``sniff(name, head)`` looks at the file name and its first :data:`SNIFF_BYTES` (already
     gunzipped) and says whether this format reads it; ``load(path, ctx)`` parses it. Lower
-    ``priority`` is tried first.
+    ``priority`` is tried first. ``stream(path, ctx)``, where given, yields the rows a chunk
+    at a time, so a file of any size is imported with bounded memory (ingest prefers it).
     """
 
     name: str
     sniff: Callable[[str, bytes], bool]
     load: Callable[[Path, IngestContext], Parsed]
     priority: int = 100
+    stream: Callable[[Path, IngestContext], Iterator[Parsed]] | None = None
 
 
 def file_formats() -> list[FileFormat]:

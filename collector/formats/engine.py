@@ -27,8 +27,8 @@ Rules:
    ``*_created`` samples never are.
 2. Identity columns: ``model`` from ``model_name`` (else ``model``); ``dp_rank`` from vLLM's
    ``engine`` label (its data-parallel index) or ``dp_rank``; ``tp_rank``, ``pp_rank``;
-   ``ep_rank`` from ``moe_ep_rank`` or ``ep_rank``. A missing or non-integer rank is -1 (the
-   raw text then stays in ``labels``).
+   ``ep_rank`` from ``moe_ep_rank`` or ``ep_rank``. A missing or non-integer rank, or one
+   outside the store's 32-bit INTEGER, is -1 (the raw text then stays in ``labels``).
 3. Every other label (except ``le``) goes to ``labels`` as JSON with sorted keys and no
    blanks; a series without other labels has ``labels = '{}'`` (never ``''``).
 4. Triton's cumulative ``*_duration_us`` counters are seconds sums (×1e-6) and its
@@ -43,6 +43,8 @@ Rules:
    value factor, ``le``) is worked out once per metric name and label mapping and reused
    while the parser hands out the same mapping (see
    :class:`collector.formats.exposition.ParseCache`). Rows are identical with or without it.
+10. A negative bucket count, histogram ``_sum``/``_count`` or ``*_total`` counter is refused
+    as a Problem (counters never go below zero; a rate from one would be bogus).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from typing import Any, NamedTuple
 
 from collector.errors import Problem, quote
 from collector.formats import Parsed
-from collector.formats.exposition import Exposition, Sample
+from collector.formats.exposition import Exposition, Sample, series_text
 from collector.records import batch
 
 
@@ -164,6 +166,7 @@ ENGINES = {
 _RANKS = frozenset({"dp_rank", "tp_rank", "pp_rank", "moe_ep_rank", "ep_rank"})
 _SUFFIXES = ("_bucket", "_sum", "_count", "_total", "")
 _KV_MAX = 1.5
+_INT32 = 2**31
 
 
 def engine_of(name: str) -> str:
@@ -250,6 +253,10 @@ class _Rows:
         value = sample.value * series.factor
         if series.kv and not 0.0 <= value <= _KV_MAX:
             self.problems.append(Problem(sample.name, f"KV usage {value} outside 0..1 (rule 5)"))
+            return
+        if value < 0 and is_cumulative(series.table, series.ident):
+            where = series_text(sample)
+            self.problems.append(Problem(where, f"field value: counter is negative ({value:g}) (rule 10)"))
             return
         ts = self.ts_ns if sample.timestamp_ms is None else int(sample.timestamp_ms * 1_000_000)
         if series.table == "samples":
@@ -348,9 +355,15 @@ def _identity(engine: str, labels: Mapping[str, str]) -> tuple[Any, ...]:
 
 def _rank(labels: Mapping[str, str], key: str) -> int:
     try:
-        return int(labels.get(key, ""))
+        rank = int(labels.get(key, ""))
     except ValueError:
         return -1
+    return rank if -_INT32 <= rank < _INT32 else -1  # rule 2: out of the store's INTEGER range
+
+
+def is_cumulative(table: str, ident: tuple[Any, ...]) -> bool:
+    """Rule 10: a bucket count, a histogram's ``_sum``/``_count`` or a ``*_total`` counter."""
+    return table == "buckets" or str(ident[7]).endswith(("_total", "_sum", "_count"))
 
 
 def _labels_json(labels: Mapping[str, str], engine: str) -> str:
@@ -364,7 +377,7 @@ def _consumed(key: str, value: str, engine: str) -> bool:
     if key in ("model_name", "model", "le"):
         return True
     if key in _RANKS or (key == "engine" and engine == "vllm"):
-        return value.lstrip("-").isdigit()
+        return value == "-1" or (value.lstrip("-").isdigit() and _rank({key: value}, key) != -1)
     return False
 
 

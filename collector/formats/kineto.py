@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import bisect
 import gc
-import gzip
 import math
 import re
 from collections.abc import Iterable, Iterator
@@ -54,8 +53,11 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from collector.errors import ParseError, Problem
+from collector.files import read_capped
 from collector.formats import FileFormat, IngestContext, Parsed
 from collector.records import frame
+
+MAX_TRACE_BYTES = 4 << 30  # a trace is one JSON document, read whole; past this it is refused
 
 try:  # orjson is ~5x faster than the stdlib decoder; both give the same Python objects.
     import orjson
@@ -371,13 +373,7 @@ def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
 
 def read_trace(path: Path) -> Any:
     """Decode one trace file, gzipped or not; a broken file raises :class:`ParseError`."""
-    with path.open("rb") as fh:
-        data = fh.read()
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise ParseError(f"bad gzip stream ({exc})", source=str(path)) from exc
+    data = read_capped(path, MAX_TRACE_BYTES)  # a gzip is streamed and capped (collector.files)
     if _TYPED is not None:
         try:
             doc = _TYPED.decode(data)
