@@ -16,7 +16,7 @@ Rules:
    other refusal is a Problem in the result, named ``<source>: line N``.
 4. A captured file is recognized by content (:func:`sniff`): the complete lines of its head
    parse as exposition (at most one bad line in ten) and at least one sample is a GPU or
-   engine metric, whatever its extension
+   engine metric (engine rule 1), whatever its extension
    (``.prom``, ``.openmetrics``, ``.txt``, gzipped or not). Its rows get ``ctx.ts_ns`` and
    ``ctx.host``, and ``source = "<ctx.source>:<file name>"`` so that two files captured at
    the same instant stay distinct series.
@@ -268,7 +268,7 @@ def sniff(name: str, head: bytes) -> bool:
     exp = parse(text, openmetrics=False)
     if not exp.samples or len(exp.problems) > len(exp.samples) // 10:
         return False
-    return any(is_gpu_metric(s.name) or engine_of(s.name) for s in exp.samples)
+    return any(is_gpu_metric(s.name) or engine_of(s.name, s.labels) for s in exp.samples)
 
 
 def load(path: Path, ctx: IngestContext) -> Parsed:
