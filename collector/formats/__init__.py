@@ -26,11 +26,15 @@ SNIFF_BYTES = 64 * 1024
 
 @dataclass(frozen=True)
 class IngestContext:
-    """What a file does not say about itself: when it was captured and on which host."""
+    """What a file does not say about itself: when it was captured and on which host.
+
+    ``ts_given``: ``ts_ns`` was stated by the user (``ioe ingest --ts``), so it wins over what a
+    loader could guess (a file's mtime); otherwise it is only the import time."""
 
     ts_ns: int
     host: str = ""
     source: str = ""
+    ts_given: bool = False
 
 
 @dataclass

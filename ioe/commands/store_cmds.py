@@ -23,7 +23,9 @@ def ingest(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Import captured files (format detected from content) and print rows stored per table."""
-    ctx = IngestContext(ts_ns=int(ts * 1e9) if ts else time.time_ns(), host=host, source="ingest")
+    ctx = IngestContext(
+        ts_ns=int(ts * 1e9) if ts else time.time_ns(), host=host, source="ingest", ts_given=bool(ts)
+    )
     with Store(store) as st:
         try:
             report = ingest_paths(st, paths, ctx)
