@@ -72,13 +72,15 @@ class FileFormat:
 
     ``sniff(name, head)`` looks at the file name and its first :data:`SNIFF_BYTES` (already
     gunzipped) and says whether this format reads it; ``load(path, ctx)`` parses it. Lower
-    ``priority`` is tried first.
+    ``priority`` is tried first. ``explain(name, head)``, for a head no format claimed, says how
+    close it came: ``(closeness 0..1, what is missing)``, or None when it is nothing like it.
     """
 
     name: str
     sniff: Callable[[str, bytes], bool]
     load: Callable[[Path, IngestContext], Parsed]
     priority: int = 100
+    explain: Callable[[str, bytes], tuple[float, str] | None] | None = None
 
 
 def file_formats() -> list[FileFormat]:

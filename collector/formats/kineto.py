@@ -422,4 +422,16 @@ def sniff(name: str, head: bytes) -> bool:
     return any(m in head for m in (b'"schemaVersion"', b'"deviceProperties"', b'"distributedInfo"'))
 
 
-FILE_FORMAT = FileFormat(name="kineto", sniff=sniff, load=load, priority=50)
+def explain(name: str, head: bytes) -> tuple[float, str] | None:
+    """How close a refused head came to a Kineto trace."""
+    if b'"traceEvents"' in head:
+        return 0.8, (
+            "a Chrome trace, but without Kineto's markers (schemaVersion, deviceProperties or "
+            "distributedInfo): not written by the PyTorch profiler"
+        )
+    if head.lstrip()[:1] in (b"{", b"["):
+        return 0.2, "JSON without traceEvents: not a Kineto trace"
+    return None
+
+
+FILE_FORMAT = FileFormat(name="kineto", sniff=sniff, load=load, priority=50, explain=explain)

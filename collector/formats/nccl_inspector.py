@@ -373,8 +373,18 @@ def load_prom(path: Path, ctx: IngestContext) -> Parsed:
     return parse_prom(_read_text(path), str(path), snapshot_us=snapshot_us)
 
 
+def explain_jsonl(name: str, head: bytes) -> tuple[float, str] | None:
+    """How close a refused head came to an Inspector dump."""
+    first = _first_line(head)
+    if not (first.startswith(b"{") and b'"header"' in first):
+        return None
+    if not name.endswith((".log", ".jsonl", ".log.gz", ".jsonl.gz")):
+        return 0.7, "an Inspector-like JSON line, but the file name does not end in .log or .jsonl"
+    return 0.6, "a JSON line with a header, but no coll_perf, p2p_perf, dump_stats or metadata"
+
+
 FILE_FORMATS = [
-    FileFormat("nccl-inspector-jsonl", sniff_jsonl, load_jsonl, priority=40),
+    FileFormat("nccl-inspector-jsonl", sniff_jsonl, load_jsonl, priority=40, explain=explain_jsonl),
     FileFormat("nccl-inspector-prom", sniff_prom, load_prom, priority=40),
 ]
 

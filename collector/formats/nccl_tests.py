@@ -436,7 +436,23 @@ def load_json(path: Path, ctx: IngestContext) -> Parsed:
     return parse_json(path.read_text(encoding="utf-8", errors="replace"), str(path), ctx.ts_ns)
 
 
+def explain_text(name: str, head: bytes) -> tuple[float, str] | None:
+    """How close a refused head came to an nccl-tests log."""
+    if any(k in head for k in (b"algbw", b"busbw", b"_perf", b"nThread")):
+        return 0.6, (
+            "mentions nccl-tests (algbw/busbw/*_perf/nThread) but holds no result table header "
+            "(size count type … algbw busbw) nor a '# Collective test starting' banner"
+        )
+    return None
+
+
+def explain_json(name: str, head: bytes) -> tuple[float, str] | None:
+    if head.lstrip()[:1] == b"{" and (b'"results"' in head or b'"nccl_version"' in head):
+        return 0.5, 'JSON, but not an nccl-tests -J report (needs "nccl_version" and "results" or "config")'
+    return None
+
+
 FILE_FORMATS = [
-    FileFormat("nccl-tests", sniff_text, load_text, priority=30),
-    FileFormat("nccl-tests-json", sniff_json, load_json, priority=30),
+    FileFormat("nccl-tests", sniff_text, load_text, priority=30, explain=explain_text),
+    FileFormat("nccl-tests-json", sniff_json, load_json, priority=30, explain=explain_json),
 ]

@@ -37,6 +37,7 @@ def ingest(
         "files": dict(report.files),
         "problems": [str(p) for p in report.problems],
         "unrecognized": report.unrecognized,
+        "unrecognized_why": report.reasons,
     }
     if as_json:
         typer.echo(json.dumps(out, indent=2))
@@ -48,7 +49,7 @@ def ingest(
         for p in report.problems:
             typer.echo(f"refused: {p}", err=True)
         for u in report.unrecognized:
-            typer.echo(f"unrecognized: {u}", err=True)
+            typer.echo(f"unrecognized: {u}: {report.reasons.get(u, '')}", err=True)
     if not report.files:
         raise typer.Exit(1)
 
