@@ -196,3 +196,20 @@ def test_analyzer_judges_a_store_of_each_engine(
         assert {f"{c}_mean" for c in means} <= {e.signal for e in verdict.evidence}
     finally:
         con.close()
+
+
+@pytest.mark.parametrize("name", ["triton_4gpu_gpt_neo_ensemble.prom", "triton_trtllm_backend_docs.prom"])
+def test_sidecar_replay_of_a_triton_body_equals_the_full_parse(name: str) -> None:
+    """A target scraped again with the same shape replays its rows (scrape rule 6), the success
+    counter's extra `_count` rows and the GPU gauges included."""
+    from collector.formats.scrape import ScrapeCache
+
+    body = (ENGINES / name).read_bytes()
+    cache = ScrapeCache()
+    parse_scrape(body, ts_ns=1, source="t", cache=cache)
+    assert cache.replay is not None
+    again = body.replace(b"0.4875", b"0.5").replace(b"151.000000", b"152.000000")
+    replayed = parse_scrape(again, ts_ns=2, source="t", cache=cache)
+    full = parse_scrape(again, ts_ns=2, source="t")
+    assert set(replayed.tables) == set(full.tables)
+    assert all(replayed.tables[t].equals(full.tables[t]) for t in full.tables)
