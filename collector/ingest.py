@@ -56,6 +56,8 @@ class IngestReport:
     problems: list[Problem] = field(default_factory=list)
     unrecognized: list[str] = field(default_factory=list)
     problems_not_listed: int = 0
+    # path -> why no format read it: the closest format and what it lacked (also in ingest_errors)
+    reasons: dict[str, str] = field(default_factory=dict)
 
 
 def read_head(path: Path) -> bytes:
@@ -90,6 +92,24 @@ def detect(path: Path, formats: list[FileFormat]) -> FileFormat | None:
     return None
 
 
+def why_unrecognized(name: str, head: bytes, formats: list[FileFormat]) -> str:
+    """Why no format claimed ``head``: empty, binary, else the closest format and what it lacked."""
+    if not head.strip():
+        return "empty file"
+    if b"\x00" in head[:4096]:
+        return "binary content (NUL bytes): not a text or JSON capture"
+    scored = []
+    for fmt in formats:
+        got = fmt.explain(name, head) if fmt.explain else None
+        if got is not None:
+            scored.append((got[0], fmt.name, got[1]))
+    if not scored:
+        names = ", ".join(f.name for f in formats)
+        return f"no format is close (tried {names})"
+    _, closest, missing = max(scored, key=lambda s: s[0])
+    return f"closest format {closest}: {missing}"
+
+
 def ingest_paths(store: Sink, paths: Iterable[str | Path], ctx: IngestContext | None = None) -> IngestReport:
     """Parse every recognized file under ``paths`` and write its rows (see the module rules)."""
     ctx = ctx or IngestContext(ts_ns=0)
@@ -98,12 +118,22 @@ def ingest_paths(store: Sink, paths: Iterable[str | Path], ctx: IngestContext | 
     for path, name in iter_files(paths):
         fmt = detect(path, formats)
         if fmt is None:
-            report.unrecognized.append(str(path))
+            _unrecognized(store, path, formats, report)
             continue
         stamp = ctx.ts_ns or path.stat().st_mtime_ns
         _FileImport(store, path, report).run(fmt, replace(ctx, ts_ns=stamp, name=name))
         report.files[fmt.name] += 1
     return report
+
+
+def _unrecognized(store: Sink, path: Path, formats: list[FileFormat], report: IngestReport) -> None:
+    """Record why no format read ``path``: in the report and as one ``ingest_errors`` row."""
+    why = why_unrecognized(path.name, read_head(path), formats)
+    report.unrecognized.append(str(path))
+    report.reasons[str(path)] = why
+    log.info("ingest: %s unrecognized: %s", path, why)
+    row = {"ts_ns": [time.time_ns()], "source": [str(path)], "location": [str(path)]}
+    store.write("ingest_errors", frame("ingest_errors", {**row, "message": [f"unrecognized: {why}"]}))
 
 
 class _FileImport:

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 NS_PER_MIN = 60_000_000_000
 # Block size of a new store file. DuckDB keeps rows appended since the last checkpoint in
 # memory, one block per column segment: 37 columns of the raw tables at DuckDB's default 256 KiB
@@ -74,7 +74,18 @@ SERIES_PRUNE_NS = 3600 * 1_000_000_000
 # the DuckLake store, so they change logical tables only.
 # 1 -> 2: the raw sample tables of a store file moved to the series layout. That is physical (a
 #   DuckLake keeps wide tables), so it has no statement here: Store._layout converts a file.
-MIGRATIONS: list[tuple[int, list[str]]] = [(1, [])]
+# 2 -> 3: collective_records gains algo_proto and msg_bytes_max (the Inspector textfile's
+#   algorithm/protocol label and the upper end of its bucketed message sizes).
+MIGRATIONS: list[tuple[int, list[str]]] = [
+    (1, []),
+    (
+        2,
+        [
+            "ALTER TABLE collective_records ADD COLUMN IF NOT EXISTS algo_proto VARCHAR",
+            "ALTER TABLE collective_records ADD COLUMN IF NOT EXISTS msg_bytes_max BIGINT",
+        ],
+    ),
+]
 
 
 def _cpus() -> int:

@@ -26,7 +26,10 @@ SNIFF_BYTES = 64 * 1024
 
 @dataclass(frozen=True)
 class IngestContext:
-    """What a file does not say about itself: when it was captured and on which host."""
+    """What a file does not say about itself: when it was captured and on which host.
+
+    ``ts_given``: ``ts_ns`` was stated by the user (``ioe ingest --ts``), so it wins over what a
+    loader could guess (a file's mtime); otherwise it is only the import time."""
 
     ts_ns: int
     host: str = ""
@@ -34,6 +37,7 @@ class IngestContext:
     # the file's name in series identities: its path under the folder being imported
     # (``node0/metrics.prom``), so two nodes' files of one name stay distinct series
     name: str = ""
+    ts_given: bool = False
 
 
 @dataclass
@@ -74,6 +78,8 @@ class FileFormat:
     gunzipped) and says whether this format reads it; ``load(path, ctx)`` parses it. Lower
     ``priority`` is tried first. ``stream(path, ctx)``, where given, yields the rows a chunk
     at a time, so a file of any size is imported with bounded memory (ingest prefers it).
+    ``explain(name, head)``, for a head no format claimed, says how close it came:
+    ``(closeness 0..1, what is missing)``, or None when it is nothing like it.
     """
 
     name: str
@@ -81,6 +87,7 @@ class FileFormat:
     load: Callable[[Path, IngestContext], Parsed]
     priority: int = 100
     stream: Callable[[Path, IngestContext], Iterator[Parsed]] | None = None
+    explain: Callable[[str, bytes], tuple[float, str] | None] | None = None
 
 
 def file_formats() -> list[FileFormat]:

@@ -6,8 +6,10 @@ conversion of GPU counters happens here, once. :data:`GPU_METRICS` lists the can
 
 Rules:
 
-1. A sample is a GPU sample when its name starts with ``DCGM_FI_`` or ``DCGM_EXP_``; other
-   families in the same body (``go_*``, engine metrics) are ignored here.
+1. A sample is a GPU sample when its name starts with ``DCGM_FI_`` or ``DCGM_EXP_``, or is one
+   of Triton's GPU gauges (``nv_gpu_utilization`` 0..1, ``nv_gpu_memory_*_bytes``,
+   ``nv_gpu_power_*`` W, ``nv_energy_consumption`` J); other families in the same body
+   (``go_*``, engine metrics) are ignored here.
 2. Known fields get their canonical name and ``value × scale``: percent → ratio (×0.01),
    MiB → bytes (×1,048,576), ``NVLINK_BANDWIDTH_TOTAL`` (field 449) is a MB/s *rate* despite
    its "counter" type → bytes/s (×1e6), energy mJ → J (×0.001), violation ns → s (×1e-9).
@@ -120,10 +122,18 @@ FIELD_LIST: tuple[Field, ...] = (
     _F(1010, "DCGM_FI_PROF_PCIE_RX_BYTES", "pcie_rx_bytes_per_s"),
     _F(1011, "DCGM_FI_PROF_NVLINK_TX_BYTES", "nvlink_tx_bytes_per_s"),
     _F(1012, "DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_rx_bytes_per_s"),
+    # Triton's own GPU gauges (read through DCGM by Triton, labelled gpu_uuid): rule 1
+    _F(-1, "nv_gpu_utilization", "gpu_util_ratio"),  # already 0..1
+    _F(-1, "nv_gpu_memory_total_bytes", "fb_total_bytes"),
+    _F(-1, "nv_gpu_memory_used_bytes", "fb_used_bytes"),
+    _F(-1, "nv_gpu_power_usage", "power_w"),
+    _F(-1, "nv_gpu_power_limit", "power_limit_w"),
+    _F(-1, "nv_energy_consumption", "energy_j"),  # J since Triton started
 )
 FIELDS: dict[str, Field] = {f.dcgm: f for f in FIELD_LIST}
 FIELDS_BY_ID: dict[int, Field] = {f.id: f for f in FIELD_LIST if f.id >= 0}
 GPU_METRICS: tuple[str, ...] = tuple(dict.fromkeys(f.name for f in FIELD_LIST))
+_TRITON_GPU = frozenset(f.dcgm for f in FIELD_LIST if f.dcgm.startswith("nv_"))
 
 _HOST = ("Hostname", "hostname")
 _UUID = ("UUID", "uuid", "gpu_uuid")
@@ -135,7 +145,7 @@ _CONTAINER = ("container", "container_name")
 
 def is_gpu_metric(name: str) -> bool:
     """Rule 1."""
-    return name.startswith(("DCGM_FI_", "DCGM_EXP_"))
+    return name.startswith(("DCGM_FI_", "DCGM_EXP_")) or name in _TRITON_GPU
 
 
 def canonical(name: str) -> tuple[str, float]:

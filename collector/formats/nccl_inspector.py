@@ -39,6 +39,14 @@ Prometheus textfile mapping (the choice made here):
    so distinct series never collide; ``comm_name`` keeps the communicator's name and
    ``dump_ts_us`` the snapshot time. The store keeps the first snapshot of each such series
    (a limit: the textfile has no sequence number to tell snapshots apart).
+10. Each label has its own column: the op from ``collective``, or for P2P series
+    ``p2p_operation`` (``Send``/``Recv``; older layouts ``p2p``/``op``); ``algo_proto`` →
+    ``algo_proto``; ``message_size`` → ``msg_bytes`` and ``msg_bytes_max``: exact sizes
+    (``"1.00MB"``) give both the same value, the Inspector's buckets (``"8-9MB"``) keep their
+    range (8 MiB, 9 MiB). Units are read as binary multiples (K = 1024).
+11. A P2P series is recognised by its metric name (``nccl_p2p_*``) → ``kind='p2p'``.
+12. The snapshot time (``dump_ts_us``) is the ``ioe ingest --ts`` time when one is given, else
+    the file's modification time.
 
 Known limits: this parser trusts ``n_ranks``/``nnodes`` as written; it does not check
 ``*_busbw_gbs`` against the algorithm factor (nccl-tests rows are checked in
@@ -286,15 +294,20 @@ def _prom_sample(line: str, location: str = "") -> tuple[str, dict[str, str], fl
 
 
 def _prom_row(kind: str, labels: dict[str, str], snapshot_us: float | None) -> dict[str, Any]:
-    op = labels.get("collective") or labels.get("p2p") or labels.get("op") or ""
+    """Rules 7-11: the row a textfile series stands for, each label in its own column."""
+    op = (
+        labels.get("collective") or labels.get("p2p_operation") or labels.get("p2p") or labels.get("op") or ""
+    )
     comm_name = labels.get("comm_name") or ""
     sn = _label_int(labels, "coll_sn") if kind == "coll" else _label_int(labels, "p2p_sn")
     if sn is None:
         sn = _label_int(labels, "coll_sn")
     comm_id = labels.get("comm_id", "")
+    size_text = labels.get("message_size", "")
+    low, high = message_size_bytes(size_text)
     if sn is None or not comm_id:
-        size, algo = labels.get("message_size", ""), labels.get("algo_proto", "")
-        comm_id = f"prom:{comm_id or comm_name}|{op}|{size}|{algo}"
+        algo = labels.get("algo_proto", "")
+        comm_id = f"prom:{comm_id or comm_name}|{op}|{size_text}|{algo}"
         sn = -1
     return {
         "origin": PROM_ORIGIN,
@@ -308,9 +321,28 @@ def _prom_row(kind: str, labels: dict[str, str], snapshot_us: float | None) -> d
         "host": labels.get("hostname") or labels.get("node") or None,
         "op": op or None,
         "peer": _label_int(labels, "peer"),
-        "timing_source": labels.get("algo_proto") or None,
+        "msg_bytes": low,
+        "msg_bytes_max": high,
+        "algo_proto": labels.get("algo_proto") or None,
+        "timing_source": labels.get("timing_source") or None,
         "dump_ts_us": snapshot_us,
     }
+
+
+_UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+_SIZE = re.compile(r"^\s*([0-9.]+)(?:\s*-\s*([0-9.]+))?\s*([KMGT]?B)?\s*$", re.IGNORECASE)
+
+
+def message_size_bytes(text: str) -> tuple[int | None, int | None]:
+    """Rule 10: ``"1.00MB"`` → (1 MiB, 1 MiB); a bucket ``"4-5GB"`` → (4 GiB, 5 GiB);
+    anything else → (None, None). Units are binary multiples (K = 1024)."""
+    m = _SIZE.match(text)
+    if m is None:
+        return None, None
+    unit = _UNITS[(m.group(3) or "").upper()]
+    low = float(m.group(1)) * unit
+    high = float(m.group(2)) * unit if m.group(2) else low
+    return round(low), round(high)
 
 
 def _label_int(labels: dict[str, str], key: str) -> int | None:
@@ -376,12 +408,31 @@ def load_jsonl(path: Path, ctx: IngestContext) -> Parsed:
 
 
 def load_prom(path: Path, ctx: IngestContext) -> Parsed:
-    return parse_prom(_read_text(path), str(path), snapshot_us=path.stat().st_mtime_ns / 1000)
+    """Rule 12: the snapshot time is ``ioe ingest --ts`` when given, else the file's mtime."""
+    snapshot_us = ctx.ts_ns / 1000 if ctx.ts_given else path.stat().st_mtime_ns / 1000
+    return parse_prom(_read_text(path), str(path), snapshot_us=snapshot_us)
+
+
+def explain_jsonl(name: str, head: bytes) -> tuple[float, str] | None:
+    """How close a refused head came to an Inspector dump."""
+    first = _first_line(head)
+    if not (first.startswith(b"{") and b'"header"' in first):
+        return None
+    if not name.endswith((".log", ".jsonl", ".log.gz", ".jsonl.gz")):
+        return 0.7, "an Inspector-like JSON line, but the file name does not end in .log or .jsonl"
+    return 0.6, "a JSON line with a header, but no coll_perf, p2p_perf, dump_stats or metadata"
 
 
 FILE_FORMATS = [
-    FileFormat("nccl-inspector-jsonl", sniff_jsonl, load_jsonl, priority=40, stream=stream_jsonl),
+    FileFormat(
+        "nccl-inspector-jsonl",
+        sniff_jsonl,
+        load_jsonl,
+        priority=40,
+        stream=stream_jsonl,
+        explain=explain_jsonl,
+    ),
     FileFormat("nccl-inspector-prom", sniff_prom, load_prom, priority=40),
 ]
 
-__all__ = ["FILE_FORMATS", "parse_jsonl", "parse_prom", "parse_record"]
+__all__ = ["FILE_FORMATS", "message_size_bytes", "parse_jsonl", "parse_prom", "parse_record"]

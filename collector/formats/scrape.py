@@ -342,7 +342,29 @@ def sniff(name: str, head: bytes) -> bool:
     exp = parse(text, openmetrics=False)
     if not exp.samples or len(exp.problems) >= len(exp.samples):
         return False
-    return any(is_gpu_metric(s.name) or engine_of(s.name) for s in exp.samples)
+    return any(is_gpu_metric(s.name) or engine_of(s.name, s.labels) for s in exp.samples)
+
+
+def explain(name: str, head: bytes) -> tuple[float, str] | None:
+    """Why rule 4 refused a head that is exposition-like: bad lines, or no family IOE maps."""
+    text = head.decode("utf-8", errors="replace")
+    if len(head) == SNIFF_BYTES:
+        text = text[: text.rfind("\n") + 1]
+    exp = parse(text, openmetrics=False)
+    if not exp.samples:
+        return None
+    if len(exp.problems) > len(exp.samples) // 10:
+        first = exp.problems[0]
+        return 0.5, (
+            f"{len(exp.problems)} line(s) are not Prometheus exposition beside {len(exp.samples)} "
+            f"sample(s) (first: {first.location}: {first.message})"
+        )
+    names = sorted({s.name for s in exp.samples})
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return 0.9, (
+        f"Prometheus exposition with {len(exp.samples)} sample(s), but no GPU or engine family IOE "
+        f"maps ({shown}): an exporter or engine IOE does not read yet"
+    )
 
 
 def file_source(path: Path, ctx: IngestContext) -> str:
@@ -423,4 +445,6 @@ def load(path: Path, ctx: IngestContext) -> Parsed:
     return whole
 
 
-FILE_FORMAT = FileFormat(name="prometheus-scrape", sniff=sniff, load=load, priority=50, stream=stream)
+FILE_FORMAT = FileFormat(
+    name="prometheus-scrape", sniff=sniff, load=load, priority=50, stream=stream, explain=explain
+)

@@ -27,7 +27,7 @@ def ingest(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Import captured files (format detected from content) and print rows stored per table."""
-    ctx = IngestContext(ts_ns=int(ts * 1e9) if ts else 0, host=host, source="ingest")
+    ctx = IngestContext(ts_ns=int(ts * 1e9) if ts else 0, host=host, source="ingest", ts_given=bool(ts))
     try:
         with Store(store) as st:
             report = ingest_paths(st, paths, ctx)
@@ -40,6 +40,7 @@ def ingest(
         "problems": [str(p) for p in report.problems],
         "problems_not_listed": report.problems_not_listed,
         "unrecognized": report.unrecognized,
+        "unrecognized_why": report.reasons,
     }
     if as_json:
         typer.echo(json.dumps(out, indent=2))
@@ -53,7 +54,7 @@ def ingest(
         if report.problems_not_listed:
             typer.echo(f"refused: {report.problems_not_listed:,} more problem(s) not listed", err=True)
         for u in report.unrecognized:
-            typer.echo(f"unrecognized: {u}", err=True)
+            typer.echo(f"unrecognized: {u}: {report.reasons.get(u, '')}", err=True)
     if not report.files:
         raise typer.Exit(1)
 
