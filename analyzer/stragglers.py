@@ -25,11 +25,14 @@ Rule for "straggler" (defaults in :class:`Thresholds`):
    evaluated when it holds ≥ ``min_instances`` instances. Every (rank, window) is tested
    (rule 3), and every rank over the whole span (pooled). False discoveries are controlled with
    Benjamini–Hochberg at ``fdr_q``, across all ranks × windows and, separately, across ranks.
-5. A (rank, window) is slow when its test is a discovery and its median slowness is
-   ≥ ``window_slow_min``. A rank is slow over the span when its pooled test is a discovery and
-   the median of its window slownesses is ≥ ``slow_min`` (consistent slowness of 5 % is found
-   although each window alone may be too short to show it); then every window whose slowness
-   is ≥ ``window_slow_min`` (and z > 0) counts as slow too.
+5. A (rank, window) is slow when its test is a discovery and its median lateness is
+   ≥ ``late_sd_min`` × the window's arrival spread (1.4826 × MAD of every rank's lateness in
+   it: a rank last by chance is late by little) and its median slowness ≥ ``window_slow_min``
+   (0 by default: collectives sampled far apart make the compute segment look long). A rank is
+   slow over the span when its pooled test is a discovery and the median of its window
+   slownesses is ≥ ``slow_min`` (consistent slowness of 5 % is found although each window
+   alone may be too short to show it); then every window with z > 0 and slowness
+   ≥ ``window_slow_min`` counts as slow too.
 6. Every rank with a slow window is named: several ranks at once. ``persistent`` when it was
    slow in ≥ ``persistent_min`` of the evaluated windows, else ``intermittent``; the windows
    and their contiguous episodes are reported.
@@ -84,6 +87,7 @@ class Thresholds:
     fdr_q: float = 0.05
     slow_min: float = 0.04
     window_slow_min: float = 0.0
+    late_sd_min: float = 0.5
     persistent_min: float = 0.5
     clock_ratio_max: float = 0.97
     temp_delta_c: float = 10.0
@@ -256,22 +260,33 @@ def window_tests(rows: dict[str, np.ndarray], th: Thresholds) -> pl.DataFrame:
         "rank": rows["rank"][ok], "window": rows["window"][ok], "inst": rows["inst"][ok],
         "du": rows["u"][ok] - 0.5, "var": rows["var"][ok],
         "slow": pl.Series(rows["slow"][ok], nan_to_null=True),
+        "late": pl.Series(rows["late"][ok], nan_to_null=True),
     })  # fmt: skip
     per_window = frame.group_by("window").agg(pl.col("inst").n_unique().alias("instances"))
     evaluated = per_window.filter(pl.col("instances") >= th.min_instances)["window"]
+    med = pl.col("late").median().over("window")
     out = (
         frame.filter(pl.col("window").is_in(evaluated.implode()))
+        .with_columns((1.4826 * (pl.col("late") - med).abs().median().over("window")).alias("spread"))
         .group_by(["rank", "window"])
-        .agg(pl.len().alias("k"), pl.col("du").sum(), pl.col("var").sum(), pl.col("slow").median())
+        .agg(
+            pl.len().alias("k"), pl.col("du").sum(), pl.col("var").sum(), pl.col("slow").median(),
+            pl.col("late").median().alias("late_us"), pl.col("spread").first(),
+        )
         .sort(["rank", "window"])
-    )
+    )  # fmt: skip
     z = (out["du"] / out["var"].sqrt()).fill_nan(0.0).to_numpy()
     p = _p_upper(z)
     return out.with_columns(
         pl.Series("z", z), pl.Series("p", p), pl.Series("q", bh_adjust(p)),
         pl.col("slow").fill_null(0.0).alias("slowness"),
+        (pl.col("late_us") / pl.col("spread")).fill_nan(0.0).fill_null(0.0).alias("late_sd"),
     ).drop("slow").with_columns(
-        ((pl.col("q") <= th.fdr_q) & (pl.col("slowness") >= th.window_slow_min)).alias("slow")
+        (
+            (pl.col("q") <= th.fdr_q)
+            & (pl.col("slowness") >= th.window_slow_min)
+            & ((pl.col("late_sd") >= th.late_sd_min) | (pl.col("spread") == 0))
+        ).alias("slow")
     )  # fmt: skip
 
 
@@ -348,7 +363,6 @@ def _one_comm(part: pl.DataFrame, th: Thresholds) -> list[Straggler]:
     found = []
     for rank, (slow, pooled) in _named(win, ranks, th).items():
         mine = win.filter((pl.col("rank") == rank) & pl.col("window").is_in(slow))
-        in_slow = (rows["rank"] == rank) & np.isin(rows["window"], slow) & np.isfinite(rows["late"])
         q = min([float(pooled["q"]), *mine.filter(pl.col("slow"))["q"].to_list()])
         found.append(Straggler(
             rank=rank, kind="persistent" if len(slow) / evaluated >= th.persistent_min else "intermittent",
@@ -356,7 +370,7 @@ def _one_comm(part: pl.DataFrame, th: Thresholds) -> list[Straggler]:
             blame_us=blame.get(rank, 0.0), blame_share=blame.get(rank, 0.0) / total, flagged_windows=slow,
             comm_id=str(part["comm_id"][0]), n_ranks=n_ranks,
             slowness=float(np.median(mine["slowness"].to_numpy())),
-            lateness_us=float(np.median(rows["late"][in_slow])) if in_slow.any() else 0.0,
+            lateness_us=float(np.median(mine["late_us"].to_numpy())),
             z=float(pooled["z"]), q_value=q, episodes=episodes(slow, th.window_s), backed=n_ranks > 2,
             window_s=th.window_s, evaluated_span=[int(win["window"].min()), int(win["window"].max())],  # type: ignore[arg-type]
         ))  # fmt: skip
