@@ -26,13 +26,13 @@ Rule for "straggler" (defaults in :class:`Thresholds`):
    (rule 3), and every rank over the whole span (pooled). False discoveries are controlled with
    Benjamini–Hochberg at ``fdr_q``, across all ranks × windows and, separately, across ranks.
 5. A (rank, window) is slow when its test is a discovery and its median lateness is
-   ≥ ``late_sd_min`` × the window's arrival spread (1.4826 × MAD of every rank's lateness in
-   it: a rank last by chance is late by little) and its median slowness ≥ ``window_slow_min``
-   (0 by default: collectives sampled far apart make the compute segment look long). A rank is
-   slow over the span when its pooled test is a discovery and the median of its window
-   slownesses is ≥ ``slow_min`` (consistent slowness of 5 % is found although each window
-   alone may be too short to show it); then every window with z > 0 and slowness
-   ≥ ``window_slow_min`` counts as slow too.
+   ≥ ``late_sd_min`` × the window's jitter (the median over ranks of 1.4826 × the MAD of each
+   rank's own lateness: a rank last by chance is late by a fraction of it), and its median
+   slowness ≥ ``window_slow_min`` (0 by default: records sampled far apart make the compute
+   segment look long). A rank is slow over the span when its pooled test is a discovery and
+   the median of its window slownesses is ≥ ``slow_min`` (consistent slowness of 5 % is found
+   although each window alone may be too short to show it); then every window with z > 0 and
+   slowness ≥ ``window_slow_min`` counts as slow too.
 6. Every rank with a slow window is named: several ranks at once. ``persistent`` when it was
    slow in ≥ ``persistent_min`` of the evaluated windows, else ``intermittent``; the windows
    and their contiguous episodes are reported.
@@ -56,12 +56,10 @@ import numpy as np
 import polars as pl
 
 from analyzer import straggler_causes as causes
+from analyzer import straggler_stats as stats
 from analyzer.collectives import (
     group_extreme,
-    group_median,
     instance_ids,
-    load_collectives,
-    rank_waits,
     values_of,
 )
 from analyzer.straggler_causes import rank_gpus
@@ -87,7 +85,7 @@ class Thresholds:
     fdr_q: float = 0.05
     slow_min: float = 0.04
     window_slow_min: float = 0.0
-    late_sd_min: float = 0.5
+    late_sd_min: float = 1.0
     persistent_min: float = 0.5
     clock_ratio_max: float = 0.97
     temp_delta_c: float = 10.0
@@ -127,111 +125,6 @@ class Straggler:
     evaluated_span: list[int] = field(default_factory=list)  # first and last evaluated window
 
 
-# ---- rules 1–2: per row arrival order, lateness, slowness -----------------------------------------
-
-
-def _positions(ids: np.ndarray, x: np.ndarray, ok: np.ndarray, cnt: np.ndarray) -> np.ndarray:
-    """Rule 3's ``u`` per row (NaN where the row has no arrival): mid-rank of ``x`` in its
-    instance over ``count − 1``."""
-    u = np.full(x.size, np.nan)
-    idx = np.flatnonzero(ok)
-    if idx.size == 0:
-        return u
-    o = idx[np.lexsort((x[idx], ids[idx]))]
-    g, xv = ids[o], x[o]
-    m = o.size
-    new_g = np.empty(m, dtype=bool)
-    new_g[0] = True
-    new_g[1:] = g[1:] != g[:-1]
-    g_first = np.flatnonzero(new_g)
-    g_start = np.repeat(g_first, np.diff(np.append(g_first, m)))
-    new_run = new_g.copy()
-    new_run[1:] |= xv[1:] != xv[:-1]
-    r_first = np.flatnonzero(new_run)
-    r_len = np.diff(np.append(r_first, m))
-    run = np.cumsum(new_run) - 1
-    mid = r_first[run] + (r_len[run] - 1) / 2.0 - g_start
-    k = cnt[g]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        u[o] = np.where(k >= 2, mid / np.maximum(k - 1, 1), np.nan)
-    return u
-
-
-def _reference(med: np.ndarray, values: np.ndarray, cnt: np.ndarray) -> np.ndarray:
-    """Rule 1's reference per row: the instance median, or with two ranks the other's value."""
-    return np.where(cnt == 2, 2.0 * med - values, med)
-
-
-def _segments(df: pl.DataFrame, start: np.ndarray, s_ok: np.ndarray) -> np.ndarray:
-    """Rule 2: ``start − previous stop`` on the same rank when the previous row is ``coll_sn − 1``."""
-    stop, stop_ok = values_of(df["stop_us"])
-    rank = df["rank"].cast(pl.Int64).to_numpy()
-    sn = df["coll_sn"].cast(pl.Int64).to_numpy()
-    o = np.lexsort((sn, rank))
-    c = np.full(start.size, np.nan)
-    if o.size < 2:
-        return c
-    cur, prev = o[1:], o[:-1]
-    ok = (rank[cur] == rank[prev]) & (sn[cur] == sn[prev] + 1) & s_ok[cur] & stop_ok[prev]
-    c[cur[ok]] = start[cur[ok]] - stop[prev[ok]]
-    c[c <= 0] = np.nan
-    return c
-
-
-def _period(ids: np.ndarray, n: int, sn: np.ndarray, t_inst: np.ndarray) -> float:
-    """Rule 2's ``P``: first quartile of Δt / Δcoll_sn over consecutive instances."""
-    inst_sn = np.zeros(n)
-    inst_sn[ids] = sn
-    ok = np.isfinite(t_inst)
-    o = np.argsort(inst_sn[ok], kind="stable")
-    s, t = inst_sn[ok][o], t_inst[ok][o]
-    ds, dt = np.diff(s), np.diff(t)
-    per = dt[(ds > 0) & (dt > 0)] / ds[(ds > 0) & (dt > 0)]
-    return float(np.percentile(per, 25)) if per.size else math.nan
-
-
-def row_stats(waits: pl.DataFrame, window_us: float) -> dict[str, np.ndarray]:
-    """Rules 1–2 for one communicator's :func:`rank_waits` rows: ``rank, window, u, var, late,
-    slow`` per row (NaN where unknown)."""
-    ids, n = instance_ids(waits)
-    timed = waits["timed"].to_numpy()
-    start, s_ok = values_of(waits["start_us"])
-    ex, e_ok = values_of(waits["exec_us"])
-    x = np.where(timed, start, -ex)
-    ok = np.where(timed, s_ok, e_ok)
-    cnt = np.bincount(ids[ok], minlength=n)
-    u = _positions(ids, x, ok, cnt)
-    k = cnt[ids].astype(float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        var = np.where(k >= 2, (k + 1) / (12.0 * (k - 1)), np.nan)
-    med = group_median(ids, n, x, ok)[ids]
-    xref = _reference(med, x, cnt[ids])
-    late = np.where(ok, x - xref, np.nan)
-    # rule 2, measured segments
-    c = _segments(waits, start, s_ok & timed)
-    c_ok = np.isfinite(c)
-    full = np.bincount(ids[c_ok], minlength=n) == cnt
-    cref = _reference(group_median(ids, n, np.nan_to_num(c), c_ok)[ids], c, cnt[ids])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        slow_a = np.where(c_ok & full[ids] & (cref > 0), c / cref - 1.0, np.nan)
-    # rule 2, estimated from the period
-    cols = [c for c in ("start_us", "t_us") if c in waits.columns]
-    t_src, t_ok = values_of(waits.select(pl.coalesce(cols)).to_series())
-    first = group_extreme(ids, n, t_src, t_ok, np.minimum)
-    last_start = group_extreme(ids, n, start, s_ok & timed, np.maximum)
-    t_inst = np.where(np.isfinite(last_start), last_start, first)
-    period = _period(ids, n, waits["coll_sn"].cast(pl.Float64).to_numpy(), t_inst)
-    xmax = group_extreme(ids, n, x, ok, np.maximum)[ids]
-    transfer, tr_ok = values_of(waits["transfer_us"])
-    base = period - np.where(tr_ok, transfer, 0.0) - (xmax - xref)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        slow_b = np.where(base > 0, late / base, np.nan)
-    slow = np.where(np.isfinite(slow_a), slow_a, slow_b)
-    window = (np.nan_to_num(first, nan=0.0) // window_us).astype(np.int64)[ids]
-    return {"rank": waits["rank"].cast(pl.Int64).to_numpy(), "window": window, "u": u, "var": var,
-            "late": late, "slow": slow, "inst": ids, "n_inst": np.array([n])}  # fmt: skip
-
-
 # ---- rules 3–6: tests, false-discovery control, naming -------------------------------------------
 
 
@@ -253,41 +146,21 @@ def bh_adjust(p: np.ndarray) -> np.ndarray:
     return out
 
 
-def window_tests(rows: dict[str, np.ndarray], th: Thresholds) -> pl.DataFrame:
-    """Rules 3–5 per (rank, window): ``k, z, p, q, slowness, slow`` for evaluated windows."""
-    ok = np.isfinite(rows["u"])
-    frame = pl.DataFrame({
-        "rank": rows["rank"][ok], "window": rows["window"][ok], "inst": rows["inst"][ok],
-        "du": rows["u"][ok] - 0.5, "var": rows["var"][ok],
-        "slow": pl.Series(rows["slow"][ok], nan_to_null=True),
-        "late": pl.Series(rows["late"][ok], nan_to_null=True),
-    })  # fmt: skip
-    per_window = frame.group_by("window").agg(pl.col("inst").n_unique().alias("instances"))
-    evaluated = per_window.filter(pl.col("instances") >= th.min_instances)["window"]
-    med = pl.col("late").median().over("window")
-    out = (
-        frame.filter(pl.col("window").is_in(evaluated.implode()))
-        .with_columns((1.4826 * (pl.col("late") - med).abs().median().over("window")).alias("spread"))
-        .group_by(["rank", "window"])
-        .agg(
-            pl.len().alias("k"), pl.col("du").sum(), pl.col("var").sum(), pl.col("slow").median(),
-            pl.col("late").median().alias("late_us"), pl.col("spread").first(),
-        )
-        .sort(["rank", "window"])
-    )  # fmt: skip
+def window_tests(a: stats.Arrivals, th: Thresholds) -> pl.DataFrame:
+    """Rules 3–5 per evaluated (rank, window): ``k, z, p, q, slowness, late_sd, slow``."""
+    out = stats.window_table(a, th.min_instances)
     z = (out["du"] / out["var"].sqrt()).fill_nan(0.0).to_numpy()
     p = _p_upper(z)
+    late_sd = (out["late_us"] / out["spread"]).fill_nan(0.0).to_numpy()
     return out.with_columns(
-        pl.Series("z", z), pl.Series("p", p), pl.Series("q", bh_adjust(p)),
-        pl.col("slow").fill_null(0.0).alias("slowness"),
-        (pl.col("late_us") / pl.col("spread")).fill_nan(0.0).fill_null(0.0).alias("late_sd"),
-    ).drop("slow").with_columns(
+        pl.Series("z", z), pl.Series("p", p), pl.Series("q", bh_adjust(p)), pl.Series("late_sd", late_sd)
+    ).with_columns(
         (
             (pl.col("q") <= th.fdr_q)
             & (pl.col("slowness") >= th.window_slow_min)
-            & ((pl.col("late_sd") >= th.late_sd_min) | (pl.col("spread") == 0))
+            & ((pl.col("late_sd") >= th.late_sd_min) | ((pl.col("spread") == 0) & (pl.col("late_us") > 0)))
         ).alias("slow")
-    )  # fmt: skip
+    )
 
 
 def rank_tests(win: pl.DataFrame, th: Thresholds) -> pl.DataFrame:
@@ -319,17 +192,6 @@ def episodes(windows: list[int], window_s: float) -> list[dict[str, Any]]:
     ]
 
 
-def _blame(waits: pl.DataFrame) -> dict[int, float]:
-    """Σ of the others' waits charged to each instance's last rank."""
-    ids, n = instance_ids(waits)
-    w, ok = values_of(waits["wait_us"])
-    per_inst = np.bincount(ids[ok], weights=w[ok], minlength=n)
-    culprit = np.zeros(n, dtype=np.int64)
-    culprit[ids] = waits["last_rank"].cast(pl.Int64).to_numpy()
-    ranks = np.unique(culprit)
-    return {int(r): float(per_inst[culprit == r].sum()) for r in ranks}
-
-
 def _named(
     win: pl.DataFrame, ranks: pl.DataFrame, th: Thresholds
 ) -> dict[int, tuple[list[int], dict[str, Any]]]:
@@ -347,18 +209,17 @@ def _named(
     return out
 
 
-def _one_comm(part: pl.DataFrame, th: Thresholds) -> list[Straggler]:
-    waits = rank_waits(part)
-    if waits.height == 0:
+def _one_comm(part: pl.DataFrame, th: Thresholds, comm_id: str) -> list[Straggler]:
+    arr = stats.arrivals(part, th.window_s * 1e6)
+    if arr is None:
         return []
-    rows = row_stats(waits, th.window_s * 1e6)
-    win = window_tests(rows, th)
+    win = window_tests(arr, th)
     if win.height == 0:
         return []
     ranks = rank_tests(win, th)
     evaluated = win["window"].n_unique()
-    n_ranks = int(part["rank"].n_unique())
-    blame = _blame(waits)
+    n_ranks = int(arr.ranks.size)
+    blame = arr.blame
     total = sum(blame.values()) or 1.0
     found = []
     for rank, (slow, pooled) in _named(win, ranks, th).items():
@@ -368,7 +229,7 @@ def _one_comm(part: pl.DataFrame, th: Thresholds) -> list[Straggler]:
             rank=rank, kind="persistent" if len(slow) / evaluated >= th.persistent_min else "intermittent",
             persistence=len(slow) / evaluated, windows_flagged=len(slow), windows_evaluated=evaluated,
             blame_us=blame.get(rank, 0.0), blame_share=blame.get(rank, 0.0) / total, flagged_windows=slow,
-            comm_id=str(part["comm_id"][0]), n_ranks=n_ranks,
+            comm_id=comm_id, n_ranks=n_ranks,
             slowness=float(np.median(mine["slowness"].to_numpy())),
             lateness_us=float(np.median(mine["late_us"].to_numpy())),
             z=float(pooled["z"]), q_value=q, episodes=episodes(slow, th.window_s), backed=n_ranks > 2,
@@ -382,9 +243,11 @@ def find_stragglers(records: pl.DataFrame, th: Thresholds | None = None) -> list
     th = th or Thresholds()
     if records.height == 0:
         return []
+    if records["origin"].n_unique() == 1 and records["comm_id"].n_unique() == 1:
+        return _one_comm(records, th, str(records["comm_id"][0]))  # one communicator: no copy
     out: list[Straggler] = []
-    for _, part in records.group_by(["origin", "comm_id"], maintain_order=True):
-        out += _one_comm(part, th)
+    for (_, comm), part in records.group_by(["origin", "comm_id"], maintain_order=True):
+        out += _one_comm(part, th, str(comm))
     return out
 
 
@@ -448,6 +311,21 @@ def root_cause(
     return s
 
 
+def _judged(
+    con: duckdb.DuckDBPyConnection,
+    found: list[Straggler],
+    origin: str | None,
+    mapping: dict[int, tuple[str, int]] | None,
+    th: Thresholds,
+) -> list[dict[str, Any]]:
+    out = []
+    for s in found:
+        root_cause(con, s, origin, mapping, th)
+        if s.backed:
+            out.append(asdict(s))
+    return out
+
+
 def judge(
     con: duckdb.DuckDBPyConnection,
     records: pl.DataFrame,
@@ -455,14 +333,19 @@ def judge(
     mapping: dict[int, tuple[str, int]] | None = None,
     th: Thresholds | None = None,
 ) -> list[dict[str, Any]]:
-    """Rules 1–7 with causes over one origin's records: the named ranks as dicts, most slow first."""
+    """Rules 1–7 with causes over one origin's records: the named ranks as dicts."""
     th = th or Thresholds()
-    out = []
-    for s in find_stragglers(records, th):
-        root_cause(con, s, origin, mapping, th)
-        if s.backed:
-            out.append(asdict(s))
-    return out
+    return _judged(con, find_stragglers(records, th), origin, mapping, th)
+
+
+def load_comm(con: duckdb.DuckDBPyConnection, origin: str, comm_id: str) -> pl.DataFrame:
+    """The numeric columns rules 1–3 read, for one communicator (no string column per row)."""
+    rel = con.execute(
+        "SELECT coll_sn, rank, start_us, stop_us, exec_us, coalesce(start_us, dump_ts_us) AS t_us "
+        "FROM collective_records WHERE origin = ? AND comm_id = ?",
+        [origin, comm_id],
+    )
+    return pl.from_arrow(rel.to_arrow_table())  # type: ignore[return-value]
 
 
 def analyze(
@@ -485,9 +368,13 @@ def analyze(
     )
     result: dict[str, Any] = {"thresholds": asdict(th), "origins": {}}
     for o in sorted(origins):
-        records = load_collectives(con, o)
-        if comm_ids is not None:
-            records = records.filter(pl.col("comm_id").is_in(comm_ids))
-        found = judge(con, records, o, mapping, th)
-        result["origins"][o] = sorted(found, key=lambda f: (-f["slowness"], -f["blame_us"]))
+        comms = [r[0] for r in con.execute(
+            "SELECT DISTINCT comm_id FROM collective_records WHERE origin = ? ORDER BY 1", [o]
+        ).fetchall()]  # fmt: skip
+        found: list[Straggler] = []
+        for comm in comms:
+            if comm_ids is None or comm in comm_ids:
+                found += _one_comm(load_comm(con, o, comm), th, str(comm))
+        judged = _judged(con, found, o, mapping, th)
+        result["origins"][o] = sorted(judged, key=lambda f: (-f["slowness"], -f["blame_us"]))
     return result
