@@ -44,20 +44,30 @@ def timeline(instances: int = 125_000, seed: int = 5) -> pl.DataFrame:
         stop[i] = start[i].max() + 300.0
         free = stop[i]
     n = instances * RANKS
-    return frame("collective_records", {
-        "origin": ["inspector"] * n, "comm_id": ["0xbench"] * n, "kind": ["coll"] * n, "op": ["AllReduce"] * n,
-        "coll_sn": np.repeat(np.arange(instances), RANKS).tolist(), "rank": np.tile(np.arange(RANKS), instances).tolist(),
-        "host": ["node0"] * n, "n_ranks": [RANKS] * n, "msg_bytes": [1 << 24] * n,
-        "start_us": start.ravel().tolist(), "stop_us": stop.ravel().tolist(), "exec_us": (stop - start).ravel().tolist(),
-    })  # fmt: skip
+    cols = {
+        "origin": ["inspector"] * n,
+        "comm_id": ["0xbench"] * n,
+        "kind": ["coll"] * n,
+        "op": ["AllReduce"] * n,
+        "coll_sn": np.repeat(np.arange(instances), RANKS).tolist(),
+        "rank": np.tile(np.arange(RANKS), instances).tolist(),
+        "host": ["node0"] * n,
+        "n_ranks": [RANKS] * n,
+        "msg_bytes": [1 << 24] * n,
+        "start_us": start.ravel().tolist(),
+        "stop_us": stop.ravel().tolist(),
+        "exec_us": (stop - start).ravel().tolist(),
+    }
+    return frame("collective_records", cols)
 
 
 def telemetry(seconds: int) -> pl.DataFrame:
     t = np.arange(seconds, dtype=float)
     cols: dict[str, list] = {k: [] for k in ("ts_ns", "host", "gpu", "uuid", "metric", "value")}
     for gpu in range(RANKS):
-        for metric, value in (("sm_clock_mhz", 1850.0 if gpu == 3 else 1980.0), ("gpu_util_ratio", 0.99),
-                              ("power_w", 640.0), ("power_limit_w", 620.0 if gpu == 3 else 700.0)):  # fmt: skip
+        clock, limit = (1850.0, 620.0) if gpu == 3 else (1980.0, 700.0)
+        for metric, value in (("sm_clock_mhz", clock), ("gpu_util_ratio", 0.99), ("power_w", 640.0),
+                              ("power_limit_w", limit)):  # fmt: skip
             cols["ts_ns"] += (T0_US * 1000 + t * 1e9).astype(np.int64).tolist()
             cols["value"] += [value] * t.size
             for k, v in (("host", "node0"), ("gpu", gpu), ("uuid", f"GPU-{gpu}"), ("metric", metric)):
