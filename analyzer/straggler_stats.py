@@ -37,7 +37,7 @@ def _dense(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _matrix(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int], s: pl.Series) -> np.ndarray:
-    m = np.full(shape, np.nan)
+    m = np.full(shape, np.nan, order="F")  # column-major: reductions across ranks run per column
     m[rows, cols] = s.cast(pl.Float64).fill_null(np.nan).to_numpy()
     return m
 
@@ -71,9 +71,19 @@ def nan_median(m: np.ndarray, axis: int = 1) -> np.ndarray:
     return np.where(cnt > 0, a + (b - a) * 0.5, np.nan)
 
 
-def _nan_axis(fn: Any, m: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore"), _quiet():
-        return np.asarray(fn(m, axis=1))
+def rsum(m: np.ndarray) -> np.ndarray:
+    """Σ over ranks per instance."""
+    return np.asarray(np.add.reduce(np.asfortranarray(m), axis=1))
+
+
+def rmax(m: np.ndarray) -> np.ndarray:
+    """Max over ranks per instance ignoring NaN (NaN when all are)."""
+    return np.asarray(np.fmax.reduce(np.asfortranarray(m), axis=1))
+
+
+def rmin(m: np.ndarray) -> np.ndarray:
+    """Min over ranks per instance ignoring NaN (NaN when all are)."""
+    return np.asarray(np.fmin.reduce(np.asfortranarray(m), axis=1))
 
 
 @contextmanager
@@ -87,16 +97,20 @@ def _quiet() -> Iterator[None]:
 def _order(x: np.ndarray, ok: np.ndarray, cnt: np.ndarray) -> np.ndarray:
     """Rule 3's ``u``: each rank's mid-rank among the instance's arrivals over ``count − 1``."""
     r = x.shape[1]
-    filled = np.where(ok, x, np.inf)
-    s = np.sort(filled, axis=1)
-    tied = bool(((s[:, 1:] == s[:, :-1]) & np.isfinite(s[:, 1:])).any())
-    if not tied or r > MAX_PAIRWISE_RANKS:  # no ties: the order is the double argsort
-        mid = np.argsort(np.argsort(filled, axis=1, kind="stable"), axis=1).astype(float)
+    if r <= MAX_PAIRWISE_RANKS:  # pairwise over columns: ties get the mid-rank
+        cols = [np.ascontiguousarray(x[:, j]) for j in range(r)]
+        mid = np.empty(x.shape, order="F")
+        for i in range(r):
+            below = np.zeros(x.shape[0])
+            ties = np.zeros(x.shape[0])
+            for j in range(r):
+                if j != i:
+                    below += cols[i] > cols[j]
+                    ties += cols[i] == cols[j]
+            mid[:, i] = below + ties / 2.0
     else:
-        a, b = x[:, :, None], x[:, None, :]
-        below = (a > b).sum(axis=2)
-        ties = (a == b).sum(axis=2) - 1
-        mid = below + ties / 2.0
+        filled = np.where(ok, x, np.inf)
+        mid = np.argsort(np.argsort(filled, axis=1, kind="stable"), axis=1).astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(ok & (cnt[:, None] >= 2), mid / np.maximum(cnt[:, None] - 1, 1), np.nan)
 
@@ -124,17 +138,20 @@ def arrivals(part: pl.DataFrame, window_us: float) -> Arrivals | None:
     shape = (sn_all.size, ranks.size)
     start, stop, ex = (_matrix(inst, col, shape, df[c]) for c in ("start_us", "stop_us", "exec_us"))
     t = _matrix(inst, col, shape, df["t_us"] if "t_us" in df.columns else df["start_us"])
-    present = np.zeros(shape, dtype=bool)
+    present = np.zeros(shape, dtype=bool, order="F")
     present[inst, col] = True
-    keep = present.sum(axis=1) >= 2
-    sn, start, stop, ex, t, present = sn_all[keep], start[keep], stop[keep], ex[keep], t[keep], present[keep]
-    if sn.size == 0:
+    keep = rsum(present) >= 2
+    if not keep.any():
         return None
-    timed = (present & ~np.isnan(start)).sum(axis=1) == present.sum(axis=1)
+    sn = sn_all
+    if not keep.all():
+        sn = sn_all[keep]
+        start, stop, ex, t, present = (np.asfortranarray(m[keep]) for m in (start, stop, ex, t, present))
+    timed = rsum(present & ~np.isnan(start)) == rsum(present)
     x = np.where(timed[:, None], start, -ex)
     ok = present & ~np.isnan(x)
     x = np.where(ok, x, np.nan)
-    cnt = ok.sum(axis=1)
+    cnt = rsum(ok)
     med = nan_median(x)
     xref = _reference(med, x, cnt)
     late = x - xref
@@ -142,10 +159,10 @@ def arrivals(part: pl.DataFrame, window_us: float) -> Arrivals | None:
     with np.errstate(invalid="ignore", divide="ignore"):
         var = np.where(ok & (cnt[:, None] >= 2), (cnt[:, None] + 1) / (12.0 * (cnt[:, None] - 1)), np.nan)
     slow = _slowness(sn, timed, start, stop, ex, t, x, xref, late, cnt)
-    first = _nan_axis(np.nanmin, np.where(np.isnan(start), t, start))
+    first = rmin(np.where(np.isnan(start), t, start))
     window = (np.nan_to_num(first, nan=0.0) // window_us).astype(np.int64)
-    xmax = _nan_axis(np.nanmax, x)
-    per_inst = np.nansum(xmax[:, None] - x, axis=1)
+    xmax = rmax(x)
+    per_inst = rsum(np.nan_to_num(xmax[:, None] - x))
     last = np.argmax(np.where(ok, x, -np.inf), axis=1)
     blame = np.bincount(last, weights=per_inst, minlength=ranks.size)
     return Arrivals(
@@ -157,18 +174,18 @@ def _slowness(
     sn: Any, timed: Any, start: Any, stop: Any, ex: Any, t: Any, x: Any, xref: Any, late: Any, cnt: Any
 ) -> np.ndarray:
     """Rule 2: measured segments where the previous instance is ``coll_sn − 1``, else the period."""
-    c = np.full(start.shape, np.nan)
+    c = np.full(start.shape, np.nan, order="F")
     prev = np.flatnonzero(np.diff(sn) == 1) + 1
     c[prev] = start[prev] - stop[prev - 1]
     c[c <= 0] = np.nan
-    full = (~np.isnan(c)).sum(axis=1) == cnt
+    full = rsum(~np.isnan(c)) == cnt
     cref = _reference(nan_median(c), c, cnt)
     with np.errstate(invalid="ignore", divide="ignore"):
         measured = np.where(full[:, None] & (cref > 0), c / cref - 1.0, np.nan)
-    t_inst = np.where(timed, _nan_axis(np.nanmax, start), _nan_axis(np.nanmin, t))
+    t_inst = np.where(timed, rmax(start), rmin(t))
     period = _period(sn, t_inst)
-    transfer = np.where(timed, nan_median(stop) - _nan_axis(np.nanmax, start), _nan_axis(np.nanmin, ex))
-    base = period - np.nan_to_num(transfer)[:, None] - (_nan_axis(np.nanmax, x)[:, None] - xref)
+    transfer = np.where(timed, nan_median(stop) - rmax(start), rmin(ex))
+    base = period - np.nan_to_num(transfer)[:, None] - (rmax(x)[:, None] - xref)
     with np.errstate(invalid="ignore", divide="ignore"):
         estimated = np.where(base > 0, late / base, np.nan)
     return np.where(np.isfinite(measured), measured, estimated)
@@ -181,20 +198,24 @@ def _slice_median(m: np.ndarray) -> np.ndarray:
 def window_table(a: Arrivals, min_instances: int) -> pl.DataFrame:
     """Rule 3's sums and rule 5's medians per (rank, window) over the evaluated windows:
     ``rank, window, k, du, var, slowness, late_us, spread``."""
-    order = np.argsort(a.window, kind="stable")
+    in_order = bool((np.diff(a.window) >= 0).all())  # instances by coll_sn are usually in time order
+    order = np.arange(a.window.size) if in_order else np.argsort(a.window, kind="stable")
     w = a.window[order]
+    late_m, slow_m, u_m, var_m = (
+        m if in_order else np.asfortranarray(m[order]) for m in (a.late, a.slow, a.u, a.var)
+    )
     starts = np.flatnonzero(np.r_[True, w[1:] != w[:-1]])
     sizes = np.diff(np.r_[starts, w.size])
-    ok = ~np.isnan(a.u[order])
+    ok = ~np.isnan(u_m)
     k = np.add.reduceat(ok.astype(np.int64), starts, axis=0)
-    du = np.add.reduceat(np.nan_to_num(a.u[order] - 0.5), starts, axis=0)
-    var = np.add.reduceat(np.nan_to_num(a.var[order]), starts, axis=0)
+    du = np.add.reduceat(np.nan_to_num(u_m - 0.5), starts, axis=0)
+    var = np.add.reduceat(np.nan_to_num(var_m), starts, axis=0)
     slow, late, mad = (np.full(k.shape, np.nan) for _ in range(3))
     for i, (s, n) in enumerate(zip(starts.tolist(), sizes.tolist(), strict=True)):
         if n < min_instances:
             continue
-        block = a.late[order[s : s + n]]
-        slow[i] = _slice_median(a.slow[order[s : s + n]])
+        block = late_m[s : s + n]
+        slow[i] = _slice_median(slow_m[s : s + n])
         late[i] = _slice_median(block)
         mad[i] = 1.4826 * _slice_median(np.abs(block - late[i]))
     spread = nan_median(mad, axis=1)

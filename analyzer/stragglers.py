@@ -288,11 +288,13 @@ def root_cause(
     origin: str | None = None,
     mapping: dict[int, tuple[str, int]] | None = None,
     th: Thresholds | None = None,
+    gpus_of_comm: tuple[dict[int, tuple[str, int]], str] | None = None,
 ) -> Straggler:
     """Fill ``cause``, ``causes``, ``evidence``, ``host``/``gpu`` of ``s`` in place; with two
-    ranks ``backed`` says whether the telemetry backs the verdict (rule 7)."""
+    ranks ``backed`` says whether the telemetry backs the verdict (rule 7). ``gpus_of_comm``:
+    :func:`rank_gpus` of the communicator when the caller has it already."""
     th = th or Thresholds()
-    gpus, how = rank_gpus(con, origin, mapping, s.comm_id or None)
+    gpus, how = gpus_of_comm or rank_gpus(con, origin, mapping, s.comm_id or None)
     s.mapping = how
     if s.rank not in gpus:
         s.cause = "unexplained: rank not mapped to a GPU"
@@ -319,8 +321,11 @@ def _judged(
     th: Thresholds,
 ) -> list[dict[str, Any]]:
     out = []
+    per_comm: dict[str, tuple[dict[int, tuple[str, int]], str]] = {}
     for s in found:
-        root_cause(con, s, origin, mapping, th)
+        if s.comm_id not in per_comm:  # one scan of the communicator's records for all its ranks
+            per_comm[s.comm_id] = rank_gpus(con, origin, mapping, s.comm_id or None)
+        root_cause(con, s, origin, mapping, th, per_comm[s.comm_id])
         if s.backed:
             out.append(asdict(s))
     return out
