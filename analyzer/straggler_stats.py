@@ -223,7 +223,7 @@ def window_table(a: Arrivals, min_instances: int) -> pl.DataFrame:
     wi, ri = np.nonzero(keep)
     return pl.DataFrame({
         "rank": a.ranks[ri], "window": w[starts][wi], "k": k[wi, ri], "du": du[wi, ri], "var": var[wi, ri],
-        "slowness": pl.Series(slow[wi, ri], nan_to_null=True).fill_null(0.0),
+        "slowness": pl.Series(slow[wi, ri], nan_to_null=True),  # null: no compute segment known
         "late_us": pl.Series(late[wi, ri], nan_to_null=True).fill_null(0.0),
         "spread": pl.Series(spread[wi], nan_to_null=True).fill_null(0.0),
     }).sort(["rank", "window"])  # fmt: skip

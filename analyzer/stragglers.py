@@ -114,7 +114,7 @@ class Straggler:
     mapping: str = ""  # 'given' | 'assumed: local rank order on host'
     comm_id: str = ""
     n_ranks: int = 0
-    slowness: float = 0.0  # median over its slow windows (0.07 = 7 % slower than its peers)
+    slowness: float | None = None  # median over its slow windows (0.07 = 7 % slower); None: unknown
     lateness_us: float = 0.0  # median arrival after the reference, over its slow windows
     z: float = 0.0  # pooled test statistic (rule 3)
     q_value: float = 1.0  # smallest BH-adjusted p of its discoveries (rule 4)
@@ -157,7 +157,7 @@ def window_tests(a: stats.Arrivals, th: Thresholds) -> pl.DataFrame:
     ).with_columns(
         (
             (pl.col("q") <= th.fdr_q)
-            & (pl.col("slowness") >= th.window_slow_min)
+            & (pl.col("slowness").fill_null(0.0) >= th.window_slow_min)
             & ((pl.col("late_sd") >= th.late_sd_min) | ((pl.col("spread") == 0) & (pl.col("late_us") > 0)))
         ).alias("slow")
     )
@@ -173,7 +173,7 @@ def rank_tests(win: pl.DataFrame, th: Thresholds) -> pl.DataFrame:
     z = (per["du"] / per["var"].sqrt()).fill_nan(0.0).to_numpy()
     q = bh_adjust(_p_upper(z))
     return per.with_columns(pl.Series("z", z), pl.Series("q", q)).with_columns(
-        ((pl.col("q") <= th.fdr_q) & (pl.col("slowness") >= th.slow_min)).alias("slow_overall")
+        ((pl.col("q") <= th.fdr_q) & (pl.col("slowness").fill_null(0.0) >= th.slow_min)).alias("slow_overall")
     )
 
 
@@ -202,11 +202,16 @@ def _named(
         r = int(rank)  # type: ignore[call-overload]
         slow = set(df.filter(pl.col("slow"))["window"].to_list())
         if pooled[r]["slow_overall"]:
-            extra = df.filter((pl.col("slowness") >= th.window_slow_min) & (pl.col("z") > 0))
+            extra = df.filter((pl.col("slowness").fill_null(0.0) >= th.window_slow_min) & (pl.col("z") > 0))
             slow |= set(extra["window"].to_list())
         if slow:
             out[r] = (sorted(slow), pooled[r])
     return out
+
+
+def _median_or_none(s: pl.Series) -> float | None:
+    vals = s.drop_nulls()
+    return float(vals.median()) if vals.len() else None  # type: ignore[arg-type]
 
 
 def _one_comm(part: pl.DataFrame, th: Thresholds, comm_id: str) -> list[Straggler]:
@@ -230,12 +235,12 @@ def _one_comm(part: pl.DataFrame, th: Thresholds, comm_id: str) -> list[Straggle
             persistence=len(slow) / evaluated, windows_flagged=len(slow), windows_evaluated=evaluated,
             blame_us=blame.get(rank, 0.0), blame_share=blame.get(rank, 0.0) / total, flagged_windows=slow,
             comm_id=comm_id, n_ranks=n_ranks,
-            slowness=float(np.median(mine["slowness"].to_numpy())),
+            slowness=_median_or_none(mine["slowness"]),
             lateness_us=float(np.median(mine["late_us"].to_numpy())),
             z=float(pooled["z"]), q_value=q, episodes=episodes(slow, th.window_s), backed=n_ranks > 2,
             window_s=th.window_s, evaluated_span=[int(win["window"].min()), int(win["window"].max())],  # type: ignore[arg-type]
         ))  # fmt: skip
-    return sorted(found, key=lambda s: (-s.slowness, s.rank))
+    return sorted(found, key=lambda s: (-(s.slowness or 0.0), s.rank))
 
 
 def find_stragglers(records: pl.DataFrame, th: Thresholds | None = None) -> list[Straggler]:
@@ -381,5 +386,5 @@ def analyze(
             if comm_ids is None or comm in comm_ids:
                 found += _one_comm(load_comm(con, o, comm), th, str(comm))
         judged = _judged(con, found, o, mapping, th)
-        result["origins"][o] = sorted(judged, key=lambda f: (-f["slowness"], -f["blame_us"]))
+        result["origins"][o] = sorted(judged, key=lambda f: (-(f["slowness"] or 0.0), -f["blame_us"]))
     return result
