@@ -17,7 +17,7 @@ between two different counters):
    bits are those most peers do not have. Idle (0x1), application clocks (0x2) and display
    (0x100) are ignored.
 4. ``xid_last``: an XID is new when a sample in the spans is non-zero and differs from the sample
-   before it (or is the GPU's first).
+   before it (the gauge keeps the last code, so a GPU's first sample tells nothing: it may be old).
 5. InfiniBand/RoCE (``fabric_samples``, per host): the counters of :data:`IB_ERRORS` and
    :data:`IB_CONGESTION` summed over the host's ports, read as in rule 2; compared only when the
    communicator spans several hosts (a one-host group does not cross the fabric).
@@ -201,7 +201,7 @@ def new_xid(ts: np.ndarray, v: np.ndarray, spans: Spans) -> int:
     """Rule 4: the last new XID code inside the spans, 0 if none."""
     code = 0
     for i in np.flatnonzero(_in(ts, spans)):
-        if v[i] != 0 and (i == 0 or v[i] != v[i - 1]):
+        if v[i] != 0 and i > 0 and v[i] != v[i - 1]:
             code = int(v[i])
     return code
 

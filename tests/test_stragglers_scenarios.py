@@ -355,3 +355,33 @@ def test_ib_port_congestion_on_the_slow_host() -> None:
     ]
     wait = ev(found[0], "ib_tx_wait")
     assert wait["culprit"] == pytest.approx(50 * wait["peers_median"])
+
+
+def test_pcie_link_trained_down() -> None:
+    """GPU 1's link trained to Gen4 x8 while its peers run Gen5 x16 (its host-device copies take
+    4 × as long), so rank 1 is 9 % slow; clocks, temperatures and counters are normal:
+    pcie_link_degraded, with both the generation and the width as evidence."""
+    gpu1 = {"pcie_link_gen_last": 4.0, "pcie_link_width_last": 8.0}
+    found = judge(Group(slow={1: 1.09}), gpu=telemetry(node0(), {("node0", 1): gpu1}))
+    assert [(s["rank"], s["kind"], s["cause"]) for s in found] == [(1, "persistent", "pcie_link_degraded")]
+    (c,) = [c for c in found[0]["causes"] if c["cause"] == "pcie_link_degraded"]
+    assert [(e["metric"], e["culprit"], e["peers_median"]) for e in c["evidence"]] == [
+        ("pcie_link_gen_last", 4.0, 5.0), ("pcie_link_width_last", 8.0, 16.0)]  # fmt: skip
+
+
+def test_new_xid_but_not_an_old_one() -> None:
+    """GPU 4 reports XID 79 from second 10 on (the gauge read 0 before): rank 4, 12 % slow from
+    then on, is named with cause gpu_xid. GPU 2 is a thermal straggler (1,600 MHz, 0x40, 86 °C)
+    whose XID gauge has read 13 since the first sample: an old code, not a cause."""
+
+    def xid(t: np.ndarray) -> np.ndarray:
+        return np.where(t >= 10, 79.0, 0.0)
+
+    special = {("node0", 4): {"xid_last": xid},
+               ("node0", 2): {"xid_last": 13.0, "sm_clock_mhz": 1600.0, "throttle_reasons_mask": 64.0,
+                              "gpu_temp_c": 86.0}}  # fmt: skip
+    g = Group(slow={4: 1.12, 2: 1.2}, when={4: set(range(5, 40))})
+    found = {s["rank"]: s for s in judge(g, gpu=telemetry(node0(), special))}
+    assert sorted(found) == [2, 4]
+    assert found[4]["cause"] == "gpu_xid" and ev(found[4], "xid_last")["culprit"] == 79.0
+    assert found[2]["cause"] == "gpu_throttled: thermal" and "gpu_xid" not in causes(found[2])
