@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 import pytest
 
 from analyzer.stragglers import Thresholds, analyze
@@ -385,3 +386,20 @@ def test_new_xid_but_not_an_old_one() -> None:
     assert sorted(found) == [2, 4]
     assert found[4]["cause"] == "gpu_xid" and ev(found[4], "xid_last")["culprit"] == 79.0
     assert found[2]["cause"] == "gpu_throttled: thermal" and "gpu_xid" not in causes(found[2])
+
+
+def test_inspector_without_timestamps() -> None:
+    """Non-verbose Inspector records carry only each rank's kernel time and the dump time: all
+    ranks leave together, so the 10 % slow rank 3 shows the shortest kernel (it waited least).
+    It is named from that alone; its slowness comes from the period (time per call between
+    records) and still reads about 10 %."""
+    rec = trace(Group(slow={3: 1.10})).with_columns(
+        (pl.col("stop_us") + 1000).alias("dump_ts_us"), pl.lit(None, pl.Float64).alias("start_us"),
+        pl.lit(None, pl.Float64).alias("stop_us"),
+    )  # fmt: skip
+    st = Store(":memory:")
+    st.write("collective_records", rec)
+    with st.cursor() as con:
+        found = analyze(con, "inspector", th=TH)["origins"]["inspector"]
+    assert [(s["rank"], s["kind"]) for s in found] == [(3, "persistent")]
+    assert found[0]["slowness"] == pytest.approx(0.10, abs=0.02)
