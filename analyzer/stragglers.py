@@ -1,34 +1,53 @@
-"""Straggler ranks by arrival skew, and why: the culprit GPU's telemetry against its peers.
+"""Straggler ranks: every rank that makes its peers wait, tested over time, and why.
 
-Blame (REFERENCE §4): in each collective instance the last rank to arrive is charged the sum of
-the others' waits (:func:`analyzer.collectives.rank_waits`). Per-rank kernel duration alone is
-never used: the straggler shows the *shortest* NCCL kernel.
+Input: ``collective_records`` of one communicator (NCCL Inspector, Kineto), grouped into instances
+by :func:`analyzer.collectives.rank_waits` (the same collective, same ``coll_sn``, on every rank).
+The causes are read from the culprit GPU's telemetry (:mod:`analyzer.straggler_causes`).
 
 Rule for "straggler" (defaults in :class:`Thresholds`):
 
-1. Windows of ``window_s`` on the collectives' start times; a window is evaluated when it holds
-   ≥ ``min_instances`` instances and some wait.
-2. ``share_r`` = blame of rank r / blame of all ranks in the window (ranks never last get 0).
-3. Robust z-score: ``z_r = (share_r − median(share)) / max(1.4826·MAD(share), mad_floor)``.
-4. A rank is flagged in a window when ``z_r ≥ z_min`` and ``share_r ≥ share_min`` (it carries at
-   least half the window's blame: with 8 balanced ranks a 25-instance window's top share is ~0.35).
-   With 2 ranks the z-score cannot reach ``z_min``: two ranks cannot name a straggler.
-5. persistence = flagged windows / evaluated windows. ``persistent`` when ≥ ``persistent_min``,
-   else ``transient`` (flagged at least once). Nothing is reported for a rank never flagged.
+1. Arrival: ``x_r`` = the rank's start time when the instance has start times; otherwise
+   ``−exec_r`` (all ranks leave together, so the shortest kernel arrived last). A rank's
+   lateness is ``x_r − x_ref``, where ``x_ref`` is the median of the instance's arrivals
+   (with two ranks: the other rank's arrival).
+2. Slowness (the effect size) is lateness over the peers' compute time between collectives.
+   With the previous instance on the same rank (``coll_sn − 1``, start and stop known), the
+   compute segment is ``c_r = start_r − previous stop_r`` and slowness = ``c_r / c_ref − 1``
+   (``c_ref``: median of the instance's segments; with two ranks the other's). Without it the
+   segment is estimated from the period: ``P`` = first quartile over consecutive records of
+   Δ(instance time) / Δ``coll_sn`` (time per call while busy), peers' segment
+   ``P − transfer − wait_ref``, slowness = lateness / that.
+3. Test (no threshold on one window): per instance a rank's arrival order, tied ranks
+   averaged, scaled to ``u ∈ [0, 1]`` (0 first, 1 last). A rank no different from its peers
+   has ``E[u] = 1/2`` and ``Var[u] = (n+1) / (12 (n−1))`` in every instance, independently, so
+   over ``k`` instances ``z = Σ(u − 1/2) / √ΣVar`` is standard normal; p = P(Z ≥ z).
+4. Windows of ``window_s`` on each instance's earliest start (else its dump time); a window is
+   evaluated when it holds ≥ ``min_instances`` instances. Every (rank, window) is tested
+   (rule 3), and every rank over the whole span (pooled). False discoveries are controlled with
+   Benjamini–Hochberg at ``fdr_q``, across all ranks × windows and, separately, across ranks.
+5. A (rank, window) is slow when its test is a discovery and its median lateness is
+   ≥ ``late_sd_min`` × the window's jitter (the median over ranks of 1.4826 × the MAD of each
+   rank's own lateness: a rank last by chance is late by a fraction of it), and its median
+   slowness ≥ ``window_slow_min`` (0 by default: records sampled far apart make the compute
+   segment look long). A rank is slow over the span when its pooled test is a discovery and
+   the median of its window slownesses is ≥ ``slow_min`` (consistent slowness of 5 % is found
+   although each window alone may be too short to show it); then every window with z > 0 and
+   slowness ≥ ``window_slow_min`` counts as slow too.
+6. Every rank with a slow window is named: several ranks at once. ``persistent`` when it was
+   slow in ≥ ``persistent_min`` of the evaluated windows, else ``intermittent``; the windows
+   and their contiguous episodes are reported.
+7. With two ranks the test says only which rank the other waits for (a rank that is merely
+   fast would look the same): the rank is named only when its telemetry backs it, against its
+   peer or its own history (a cause other than ``unexplained``, rules of
+   :mod:`analyzer.straggler_causes`).
 
-Root cause (:func:`root_cause`), same window(s), culprit GPU vs the median of its peers' GPUs:
-
-6. ``xid_last`` non-zero → ``gpu_xid``; ECC error counters rising → ``ecc_errors``.
-7. SM clock < ``clock_ratio_max`` × peers, or a throttle mask / violation counter rising on the
-   culprit only → ``gpu_throttled`` (``thermal`` when the culprit is ≥ ``temp_delta_c`` hotter,
-   ``power`` when a power violation rises).
-8. PCIe replay or NVLink error counters rising on the culprit only → ``slow_link``.
-9. Compute kernels (Kineto) ≥ ``compute_ratio_min`` × peers' mean time → ``slow_compute``.
-10. Otherwise ``unexplained`` (host side: input, CPU contention, launch delay).
+Blame (reported, no longer a gate): per instance the last rank is charged the sum of the
+others' waits; ``blame_share`` is its part of all blame of the communicator.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,30 +55,52 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analyzer.collectives import group_extreme, instance_ids, load_collectives, rank_waits, values_of
+from analyzer import straggler_causes as causes
+from analyzer import straggler_stats as stats
+from analyzer.collectives import (
+    group_extreme,
+    instance_ids,
+    values_of,
+)
+from analyzer.straggler_causes import rank_gpus
+
+__all__ = [
+    "Straggler",
+    "Thresholds",
+    "analyze",
+    "blame_by_window",
+    "find_stragglers",
+    "judge",
+    "rank_gpus",
+    "root_cause",
+]
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    """The numbers behind the rule (module notes 1–10)."""
+    """The numbers behind the rules (module notes 1–7 and :mod:`analyzer.straggler_causes`)."""
 
     window_s: float = 10.0
     min_instances: int = 3
-    z_min: float = 3.5
-    mad_floor: float = 0.02
-    share_min: float = 0.5
+    fdr_q: float = 0.05
+    slow_min: float = 0.04
+    window_slow_min: float = 0.0
+    late_sd_min: float = 1.0
     persistent_min: float = 0.5
-    clock_ratio_max: float = 0.9
+    clock_ratio_max: float = 0.97
     temp_delta_c: float = 10.0
-    compute_ratio_min: float = 1.1
+    power_limit_ratio_max: float = 0.97
+    util_gap_min: float = 0.03
+    compute_ratio_min: float = 1.04
+    congestion_ratio: float = 2.0
 
 
 @dataclass
 class Straggler:
-    """One flagged rank with its persistence and (when asked) its root cause."""
+    """One named rank: how slow, when, how sure, and (when asked) its cause with evidence."""
 
     rank: int
-    kind: str  # 'persistent' | 'transient'
+    kind: str  # 'persistent' | 'intermittent'
     persistence: float
     windows_flagged: int
     windows_evaluated: int
@@ -72,26 +113,160 @@ class Straggler:
     gpu: int = -1
     mapping: str = ""  # 'given' | 'assumed: local rank order on host'
     comm_id: str = ""
+    n_ranks: int = 0
+    slowness: float | None = None  # median over its slow windows (0.07 = 7 % slower); None: unknown
+    lateness_us: float = 0.0  # median arrival after the reference, over its slow windows
+    z: float = 0.0  # pooled test statistic (rule 3)
+    q_value: float = 1.0  # smallest BH-adjusted p of its discoveries (rule 4)
+    episodes: list[dict[str, Any]] = field(default_factory=list)  # contiguous slow windows
+    causes: list[dict[str, Any]] = field(default_factory=list)  # every cause that fits
+    backed: bool = True  # rule 7: False until the telemetry backs a two-rank verdict
+    window_s: float = 10.0
+    evaluated_span: list[int] = field(default_factory=list)  # first and last evaluated window
 
 
-def _with_window(waits: pl.DataFrame, window_us: float) -> pl.DataFrame:
-    """Adds ``_g`` (the instance id) and ``window``: that of the instance's earliest start
-    (``start_us``, else ``t_us``; 0 when it has none)."""
-    ids, n = instance_ids(waits)
-    t = waits.select(pl.coalesce([c for c in ("start_us", "t_us") if c in waits.columns])).to_series()
-    first = pl.Series(group_extreme(ids, n, *values_of(t), np.minimum)[ids], nan_to_null=True)
-    return waits.with_columns(
-        pl.Series("_g", ids), (first.fill_null(0) // window_us).cast(pl.Int64).alias("window")
+# ---- rules 3–6: tests, false-discovery control, naming -------------------------------------------
+
+
+def _p_upper(z: np.ndarray) -> np.ndarray:
+    """P(Z ≥ z) for a standard normal Z."""
+    return np.array([0.5 * math.erfc(v / math.sqrt(2.0)) for v in z.tolist()])
+
+
+def bh_adjust(p: np.ndarray) -> np.ndarray:
+    """Benjamini–Hochberg adjusted p-values (q-values) in the input order."""
+    m = p.size
+    if m == 0:
+        return p
+    o = np.argsort(p)
+    q = p[o] * m / np.arange(1, m + 1)
+    q = np.minimum.accumulate(q[::-1])[::-1]
+    out = np.empty(m)
+    out[o] = np.minimum(q, 1.0)
+    return out
+
+
+def window_tests(a: stats.Arrivals, th: Thresholds) -> pl.DataFrame:
+    """Rules 3–5 per evaluated (rank, window): ``k, z, p, q, slowness, late_sd, slow``."""
+    out = stats.window_table(a, th.min_instances)
+    z = (out["du"] / out["var"].sqrt()).fill_nan(0.0).to_numpy()
+    p = _p_upper(z)
+    late_sd = (out["late_us"] / out["spread"]).fill_nan(0.0).to_numpy()
+    return out.with_columns(
+        pl.Series("z", z), pl.Series("p", p), pl.Series("q", bh_adjust(p)), pl.Series("late_sd", late_sd)
+    ).with_columns(
+        (
+            (pl.col("q") <= th.fdr_q)
+            & (pl.col("slowness").fill_null(0.0) >= th.window_slow_min)
+            & ((pl.col("late_sd") >= th.late_sd_min) | ((pl.col("spread") == 0) & (pl.col("late_us") > 0)))
+        ).alias("slow")
     )
 
 
-def blame_by_window(waits: pl.DataFrame, window_us: float) -> pl.DataFrame:
-    """Rules 1–2. One row per (window, rank): ``blame_us, waited_us, share, instances``.
+def rank_tests(win: pl.DataFrame, th: Thresholds) -> pl.DataFrame:
+    """Rule 4–5 pooled per rank over its evaluated windows: ``z, q, slowness, slow_overall``."""
+    per = (
+        win.group_by("rank")
+        .agg(pl.col("du").sum(), pl.col("var").sum(), pl.col("slowness").median(), pl.len().alias("windows"))
+        .sort("rank")
+    )
+    z = (per["du"] / per["var"].sqrt()).fill_nan(0.0).to_numpy()
+    q = bh_adjust(_p_upper(z))
+    return per.with_columns(pl.Series("z", z), pl.Series("q", q)).with_columns(
+        ((pl.col("q") <= th.fdr_q) & (pl.col("slowness").fill_null(0.0) >= th.slow_min)).alias("slow_overall")
+    )
 
-    An instance's window is that of its earliest start (``start_us``, else ``t_us``); instances
-    are grouped by :func:`analyzer.collectives.instance_ids` (integers, not the string key).
+
+def episodes(windows: list[int], window_s: float) -> list[dict[str, Any]]:
+    """Contiguous runs of slow windows as ``{start_ns, end_ns, windows}``."""
+    out: list[dict[str, Any]] = []
+    for w in sorted(windows):
+        if out and out[-1]["last"] == w - 1:
+            out[-1]["last"] = w
+        else:
+            out.append({"first": w, "last": w})
+    ns = int(window_s * 1e9)
+    return [
+        {"start_ns": e["first"] * ns, "end_ns": (e["last"] + 1) * ns, "windows": e["last"] - e["first"] + 1}
+        for e in out
+    ]
+
+
+def _named(
+    win: pl.DataFrame, ranks: pl.DataFrame, th: Thresholds
+) -> dict[int, tuple[list[int], dict[str, Any]]]:
+    """Rules 5–6: rank → (its slow windows, its pooled row)."""
+    pooled = {int(r["rank"]): r for r in ranks.to_dicts()}
+    out = {}
+    for (rank,), df in win.group_by(["rank"], maintain_order=True):
+        r = int(rank)  # type: ignore[call-overload]
+        slow = set(df.filter(pl.col("slow"))["window"].to_list())
+        if pooled[r]["slow_overall"]:
+            extra = df.filter((pl.col("slowness").fill_null(0.0) >= th.window_slow_min) & (pl.col("z") > 0))
+            slow |= set(extra["window"].to_list())
+        if slow:
+            out[r] = (sorted(slow), pooled[r])
+    return out
+
+
+def _median_or_none(s: pl.Series) -> float | None:
+    vals = s.drop_nulls()
+    return float(vals.median()) if vals.len() else None  # type: ignore[arg-type]
+
+
+def _one_comm(part: pl.DataFrame, th: Thresholds, comm_id: str) -> list[Straggler]:
+    arr = stats.arrivals(part, th.window_s * 1e6)
+    if arr is None:
+        return []
+    win = window_tests(arr, th)
+    if win.height == 0:
+        return []
+    ranks = rank_tests(win, th)
+    evaluated = win["window"].n_unique()
+    n_ranks = int(arr.ranks.size)
+    blame = arr.blame
+    total = sum(blame.values()) or 1.0
+    found = []
+    for rank, (slow, pooled) in _named(win, ranks, th).items():
+        mine = win.filter((pl.col("rank") == rank) & pl.col("window").is_in(slow))
+        q = min([float(pooled["q"]), *mine.filter(pl.col("slow"))["q"].to_list()])
+        found.append(Straggler(
+            rank=rank, kind="persistent" if len(slow) / evaluated >= th.persistent_min else "intermittent",
+            persistence=len(slow) / evaluated, windows_flagged=len(slow), windows_evaluated=evaluated,
+            blame_us=blame.get(rank, 0.0), blame_share=blame.get(rank, 0.0) / total, flagged_windows=slow,
+            comm_id=comm_id, n_ranks=n_ranks,
+            slowness=_median_or_none(mine["slowness"]),
+            lateness_us=float(np.median(mine["late_us"].to_numpy())),
+            z=float(pooled["z"]), q_value=q, episodes=episodes(slow, th.window_s), backed=n_ranks > 2,
+            window_s=th.window_s, evaluated_span=[int(win["window"].min()), int(win["window"].max())],  # type: ignore[arg-type]
+        ))  # fmt: skip
+    return sorted(found, key=lambda s: (-(s.slowness or 0.0), s.rank))
+
+
+def find_stragglers(records: pl.DataFrame, th: Thresholds | None = None) -> list[Straggler]:
+    """Rules 1–6 over ``collective_records`` rows (each communicator judged on its own)."""
+    th = th or Thresholds()
+    if records.height == 0:
+        return []
+    if records["origin"].n_unique() == 1 and records["comm_id"].n_unique() == 1:
+        return _one_comm(records, th, str(records["comm_id"][0]))  # one communicator: no copy
+    out: list[Straggler] = []
+    for (_, comm), part in records.group_by(["origin", "comm_id"], maintain_order=True):
+        out += _one_comm(part, th, str(comm))
+    return out
+
+
+def blame_by_window(waits: pl.DataFrame, window_us: float) -> pl.DataFrame:
+    """One row per (window, rank): ``blame_us, waited_us, share, instances`` (the heat map).
+
+    An instance's window is that of its earliest start (``start_us``, else ``t_us``).
     """
-    w = _with_window(waits, window_us)
+    ids, n = instance_ids(waits)
+    t = waits.select(pl.coalesce([c for c in ("start_us", "t_us") if c in waits.columns])).to_series()
+    first = pl.Series(group_extreme(ids, n, *values_of(t), np.minimum)[ids], nan_to_null=True)
+    w = waits.with_columns(
+        pl.Series("_g", ids), (first.fill_null(0) // window_us).cast(pl.Int64).alias("window")
+    )
     inst = w.group_by("_g").agg(
         pl.col("window").first(),
         pl.col("last_rank").first().alias("rank"),
@@ -109,163 +284,7 @@ def blame_by_window(waits: pl.DataFrame, window_us: float) -> pl.DataFrame:
     return out.sort(["window", "rank"])
 
 
-def flag(blame: pl.DataFrame, th: Thresholds) -> pl.DataFrame:
-    """Rules 3–4 over :func:`blame_by_window`'s frame: adds ``z`` and ``flagged``."""
-    evaluated = blame.filter(
-        (pl.col("instances") >= th.min_instances) & (pl.col("blame_us").sum().over("window") > 0)
-    )
-    med = pl.col("share").median().over("window")
-    mad = (pl.col("share") - med).abs().median().over("window")
-    scale = pl.max_horizontal(1.4826 * mad, pl.lit(th.mad_floor))
-    return evaluated.with_columns(((pl.col("share") - med) / scale).alias("z")).with_columns(
-        ((pl.col("z") >= th.z_min) & (pl.col("share") >= th.share_min)).alias("flagged")
-    )
-
-
-def find_stragglers(records: pl.DataFrame, th: Thresholds | None = None) -> list[Straggler]:
-    """Rule 5 over ``collective_records`` rows of one deployment / origin."""
-    th = th or Thresholds()
-    waits = rank_waits(records)
-    if waits.height == 0:
-        return []
-    flagged = flag(blame_by_window(waits, th.window_s * 1e6), th)
-    evaluated = flagged["window"].n_unique()
-    total = float(flagged["blame_us"].sum()) or 1.0
-    out = []
-    for (rank,), df in flagged.filter(pl.col("flagged")).group_by(["rank"], maintain_order=True):
-        mine = flagged.filter(pl.col("rank") == rank)
-        persistence = df.height / evaluated
-        out.append(
-            Straggler(
-                rank=int(rank), kind="persistent" if persistence >= th.persistent_min else "transient",
-                persistence=persistence, windows_flagged=df.height, windows_evaluated=evaluated,
-                blame_us=float(mine["blame_us"].sum()), blame_share=float(mine["blame_us"].sum()) / total,
-                flagged_windows=sorted(df["window"].to_list()),
-            )
-        )  # fmt: skip
-    return sorted(out, key=lambda s: -s.blame_us)
-
-
-# ---- root cause ---------------------------------------------------------------------------------
-
-# (label, SQL LIKE pattern on gpu_samples.metric, how: 'avg' gauge | 'rise' counter | 'last' code)
-TELEMETRY = (
-    ("sm_clock_mhz", "sm_clock_mhz", "avg"),
-    ("gpu_temp_c", "gpu_temp_c", "avg"),
-    ("power_w", "power_w", "avg"),
-    ("throttle_mask", "%throttle%mask", "last"),
-    ("power_violation_s", "power_violation%", "rise"),
-    ("thermal_violation_s", "thermal_violation%", "rise"),
-    ("xid_last", "xid%last", "last"),
-    ("ecc_errors", "ecc%", "rise"),
-    ("pcie_replay_total", "pcie_replay%", "rise"),
-    ("nvlink_errors", "nvlink%error%", "rise"),
-)
-
-
-def rank_gpus(
-    con: duckdb.DuckDBPyConnection,
-    origin: str | None,
-    mapping: dict[int, tuple[str, int]] | None = None,
-    comm_id: str | None = None,
-) -> tuple[dict[int, tuple[str, int]], str]:
-    """rank → (host, gpu) within one communicator (ranks are numbered per communicator).
-
-    Given ``mapping`` wins; else the ranks of the communicator on a host take its GPUs in rank order.
-    """
-    if mapping:
-        return dict(mapping), "given"
-    conds = [c for c, v in (("origin = ?", origin), ("comm_id = ?", comm_id)) if v]
-    params = [v for v in (origin, comm_id) if v]
-    where = f"WHERE {' AND '.join(conds)}" if conds else ""
-    rows = con.execute(
-        f"SELECT rank, mode(coalesce(host, '')) FROM collective_records {where} GROUP BY rank ORDER BY rank",
-        params,
-    ).fetchall()
-    out: dict[int, tuple[str, int]] = {}
-    per_host: dict[str, int] = {}
-    for rank, host in rows:
-        out[int(rank)] = (host, per_host.get(host, 0))
-        per_host[host] = per_host.get(host, 0) + 1
-    return out, "assumed: local rank order on host"
-
-
-def _gpu_stats(con: duckdb.DuckDBPyConnection, lo_ns: float | None, hi_ns: float | None) -> pl.DataFrame:
-    """Per (host, gpu, label): the value the rule compares (avg / rise / last non-zero)."""
-    parts = []
-    for label, pattern, how in TELEMETRY:
-        agg = {"avg": "avg(value)", "rise": "max(value) - min(value)", "last": "max(value)"}[how]
-        span = "" if lo_ns is None else f" AND ts_ns >= {int(lo_ns)} AND ts_ns < {int(hi_ns or 0)}"
-        parts.append(
-            f"SELECT host, gpu, '{label}' AS label, {agg} AS value FROM gpu_samples "
-            f"WHERE metric LIKE '{pattern}'{span} GROUP BY host, gpu"
-        )
-    return pl.from_arrow(con.execute(" UNION ALL ".join(parts)).to_arrow_table())  # type: ignore[return-value]
-
-
-def evidence_table(
-    stats: pl.DataFrame, culprit: tuple[str, int], peers: list[tuple[str, int]]
-) -> list[dict[str, Any]]:
-    """One row per telemetry label: culprit value, peers' median, ratio."""
-    rows = []
-    for (label,), df in stats.group_by(["label"], maintain_order=True):
-        mine = df.filter((pl.col("host") == culprit[0]) & (pl.col("gpu") == culprit[1]))["value"]
-        keys = [f"{h}|{g}" for h, g in peers]
-        others = df.filter((pl.col("host") + "|" + pl.col("gpu").cast(pl.Utf8)).is_in(keys))["value"]
-        if mine.len() == 0 or mine[0] is None:
-            continue
-        peer = float(np.median(others.drop_nulls().to_numpy())) if others.drop_nulls().len() else None
-        value = float(mine[0])
-        rows.append({"metric": label, "culprit": value, "peers_median": peer,
-                     "ratio": value / peer if peer else None})  # fmt: skip
-    return rows
-
-
-def compute_ratio(con: duckdb.DuckDBPyConnection, origin: str | None, rank: int) -> float | None:
-    """Mean compute-kernel time of ``rank`` over the median of its peers' means (Kineto only)."""
-    if not origin or not origin.startswith("kineto:"):
-        return None
-    rows = con.execute(
-        "SELECT rank, avg(dur_us) FROM kernel_events WHERE trace_set = ? AND kernel_type = 'COMPUTATION' "
-        "GROUP BY rank",
-        [origin.removeprefix("kineto:")],
-    ).fetchall()
-    means = {int(r): float(m) for r, m in rows}
-    peers = [m for r, m in means.items() if r != rank]
-    if rank not in means or not peers:
-        return None
-    return means[rank] / float(np.median(peers))
-
-
-def classify(evidence: list[dict[str, Any]], compute: float | None, th: Thresholds) -> str:
-    """Rules 6–10 over the evidence table."""
-    ev = {r["metric"]: r for r in evidence}
-
-    def rises(label: str) -> bool:
-        row = ev.get(label)
-        return bool(row and row["culprit"] > 0 and row["culprit"] > (row["peers_median"] or 0))
-
-    if ev.get("xid_last") and ev["xid_last"]["culprit"] > 0:
-        return "gpu_xid"
-    if rises("ecc_errors"):
-        return "ecc_errors"
-    clock = ev.get("sm_clock_mhz")
-    slow_clock = bool(clock and clock["ratio"] is not None and clock["ratio"] < th.clock_ratio_max)
-    if slow_clock or rises("throttle_mask") or rises("power_violation_s") or rises("thermal_violation_s"):
-        temp = ev.get("gpu_temp_c")
-        hot = (
-            temp
-            and temp["peers_median"] is not None
-            and temp["culprit"] - temp["peers_median"] >= th.temp_delta_c
-        )
-        if hot or rises("thermal_violation_s"):
-            return "gpu_throttled: thermal"
-        return "gpu_throttled: power" if rises("power_violation_s") else "gpu_throttled"
-    if rises("pcie_replay_total") or rises("nvlink_errors"):
-        return "slow_link"
-    if compute is not None and compute >= th.compute_ratio_min:
-        return "slow_compute"
-    return "unexplained"
+# ---- rule 7 and the causes --------------------------------------------------------------------------
 
 
 def root_cause(
@@ -274,29 +293,69 @@ def root_cause(
     origin: str | None = None,
     mapping: dict[int, tuple[str, int]] | None = None,
     th: Thresholds | None = None,
+    gpus_of_comm: tuple[dict[int, tuple[str, int]], str] | None = None,
 ) -> Straggler:
-    """Fill ``cause``, ``evidence``, ``host``/``gpu`` of ``s`` (rules 6–10), in place."""
+    """Fill ``cause``, ``causes``, ``evidence``, ``host``/``gpu`` of ``s`` in place; with two
+    ranks ``backed`` says whether the telemetry backs the verdict (rule 7). ``gpus_of_comm``:
+    :func:`rank_gpus` of the communicator when the caller has it already."""
     th = th or Thresholds()
-    gpus, how = rank_gpus(con, origin, mapping, s.comm_id or None)
+    gpus, how = gpus_of_comm or rank_gpus(con, origin, mapping, s.comm_id or None)
+    s.mapping = how
     if s.rank not in gpus:
-        s.cause, s.mapping = "unexplained: rank not mapped to a GPU", how
+        s.cause = "unexplained: rank not mapped to a GPU"
+        s.backed = s.n_ranks > 2
         return s
     s.host, s.gpu = gpus[s.rank]
-    s.mapping = how
     peers = [g for r, g in gpus.items() if r != s.rank]
-    window_ns = th.window_s * 1e9
-    lo = min(s.flagged_windows) * window_ns if s.flagged_windows else None
-    hi = (max(s.flagged_windows) + 1) * window_ns if s.flagged_windows else None
-    stats = _gpu_stats(con, lo, hi)
-    if stats.height == 0:  # no telemetry in the window: fall back to all of it
-        stats = _gpu_stats(con, None, None)
-    s.evidence = evidence_table(stats, (s.host, s.gpu), peers)
-    compute = compute_ratio(con, origin, s.rank)
-    if compute is not None:
-        s.evidence.append({"metric": "compute_kernel_time_ratio", "culprit": compute, "peers_median": 1.0,
-                           "ratio": compute})  # fmt: skip
-    s.cause = classify(s.evidence, compute, th)
+    span_ns = th.window_s * 1e9
+    slow = [(int(w * span_ns), int((w + 1) * span_ns)) for w in s.flagged_windows]
+    first, last = s.evaluated_span or [min(s.flagged_windows, default=0), max(s.flagged_windows, default=0)]
+    rest = sorted(set(range(first, last + 1)) - set(s.flagged_windows))
+    history = [(e["start_ns"], e["end_ns"]) for e in episodes(rest, th.window_s)]
+    verdict = causes.explain(con, (s.host, s.gpu), peers, slow, history, origin, s.rank, th)
+    s.cause, s.causes, s.evidence = verdict.cause, verdict.causes, verdict.evidence
+    s.backed = s.n_ranks > 2 or verdict.cause != "unexplained"
     return s
+
+
+def _judged(
+    con: duckdb.DuckDBPyConnection,
+    found: list[Straggler],
+    origin: str | None,
+    mapping: dict[int, tuple[str, int]] | None,
+    th: Thresholds,
+) -> list[dict[str, Any]]:
+    out = []
+    per_comm: dict[str, tuple[dict[int, tuple[str, int]], str]] = {}
+    for s in found:
+        if s.comm_id not in per_comm:  # one scan of the communicator's records for all its ranks
+            per_comm[s.comm_id] = rank_gpus(con, origin, mapping, s.comm_id or None)
+        root_cause(con, s, origin, mapping, th, per_comm[s.comm_id])
+        if s.backed:
+            out.append(asdict(s))
+    return out
+
+
+def judge(
+    con: duckdb.DuckDBPyConnection,
+    records: pl.DataFrame,
+    origin: str | None,
+    mapping: dict[int, tuple[str, int]] | None = None,
+    th: Thresholds | None = None,
+) -> list[dict[str, Any]]:
+    """Rules 1–7 with causes over one origin's records: the named ranks as dicts."""
+    th = th or Thresholds()
+    return _judged(con, find_stragglers(records, th), origin, mapping, th)
+
+
+def load_comm(con: duckdb.DuckDBPyConnection, origin: str, comm_id: str) -> pl.DataFrame:
+    """The numeric columns rules 1–3 read, for one communicator (no string column per row)."""
+    rel = con.execute(
+        "SELECT coll_sn, rank, start_us, stop_us, exec_us, coalesce(start_us, dump_ts_us) AS t_us "
+        "FROM collective_records WHERE origin = ? AND comm_id = ?",
+        [origin, comm_id],
+    )
+    return pl.from_arrow(rel.to_arrow_table())  # type: ignore[return-value]
 
 
 def analyze(
@@ -306,7 +365,7 @@ def analyze(
     th: Thresholds | None = None,
     comm_ids: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Stragglers of one origin (or every origin) with root causes, as a dict.
+    """Stragglers of one origin (or every origin) with causes, as a dict.
 
     Each communicator is judged on its own (its ranks are numbered within it and its peers are
     the GPUs it spans); ``comm_ids`` restricts the analysis to some (one deployment's).
@@ -319,13 +378,13 @@ def analyze(
     )
     result: dict[str, Any] = {"thresholds": asdict(th), "origins": {}}
     for o in sorted(origins):
-        records = load_collectives(con, o)
-        found: list[dict[str, Any]] = []
-        for (comm,), part in records.group_by(["comm_id"], maintain_order=True):
-            if comm_ids is not None and comm not in comm_ids:
-                continue
-            for s in find_stragglers(part, th):
-                s.comm_id = str(comm)
-                found.append(asdict(root_cause(con, s, o, mapping, th)))
-        result["origins"][o] = sorted(found, key=lambda f: -f["blame_us"])
+        comms = [r[0] for r in con.execute(
+            "SELECT DISTINCT comm_id FROM collective_records WHERE origin = ? ORDER BY 1", [o]
+        ).fetchall()]  # fmt: skip
+        found: list[Straggler] = []
+        for comm in comms:
+            if comm_ids is None or comm in comm_ids:
+                found += _one_comm(load_comm(con, o, comm), th, str(comm))
+        judged = _judged(con, found, o, mapping, th)
+        result["origins"][o] = sorted(judged, key=lambda f: (-(f["slowness"] or 0.0), -f["blame_us"]))
     return result

@@ -380,7 +380,8 @@ def stragglers(
         float, Query(ge=1, le=3600, description="Persistence slice, seconds")
     ] = STRAGGLER_SLICE_S,
 ) -> Response:
-    """Ranks blamed for peers' waits (robust z + persistence), root cause, rank × time heat map."""
+    """Slow ranks (arrival order tested per window, false discoveries controlled; persistent or
+    intermittent) with causes from their telemetry, and the rank × time blame heat map."""
 
     def build() -> dict[str, Any]:
         return {"deployment": dep.name, "window": s.window(), **_stragglers(request, dep, s, slice_s)}

@@ -293,10 +293,9 @@ def stragglers(
     th = strag.Thresholds(window_s=window_s)
     records = collective_records(con, dep, start_ns, end_ns)
     out: dict[str, Any] = {"thresholds": asdict(th), "stragglers": [], "heatmap": []}
-    for (origin, comm), part in records.group_by(["origin", "comm_id"], maintain_order=True):
-        for s in strag.find_stragglers(part, th):
-            s.comm_id = str(comm)  # ranks are numbered per communicator: map them within it
-            found = asdict(strag.root_cause(con, s, str(origin), None, th))
+    for (origin, _comm), part in records.group_by(["origin", "comm_id"], maintain_order=True):
+        # ranks are numbered per communicator: each is judged and mapped within it
+        for found in strag.judge(con, part, str(origin), None, th):
             out["stragglers"].append({"origin": str(origin), **found})
         waits = rank_waits(part)
         if waits.height:

@@ -15,6 +15,7 @@ MODULES = (
     "bench.store_longrun",
     "bench.bench_otlp",
     "bench.bench_traces",
+    "bench.bench_stragglers",
     "bench.bench_envelope",
     "bench.calibration",
     "bench.bench_planner",

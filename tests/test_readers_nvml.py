@@ -76,6 +76,35 @@ class FakeNvml:
     def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
         return SimpleNamespace(gpu=97, memory=55)
 
+    # GPU 0: Gen5 x16 under a 700 W limit; GPU 1 trained down to Gen4 x8 under 600 W (enforced
+    # 590 W), with 3 corrected volatile ECC errors and 12 PCIe replays
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: int) -> int:
+        return 5 if h == 0 else 4
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: int) -> int:
+        return 16 if h == 0 else 8
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: int) -> int:
+        return 5
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: int) -> int:
+        return 16
+
+    def nvmlDeviceGetPowerManagementLimit(self, h: int) -> int:
+        return 700_000 if h == 0 else 600_000  # mW
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
+        return 700_000 if h == 0 else 590_000  # mW
+
+    def nvmlDeviceGetPcieReplayCounter(self, h: int) -> int:
+        return 0 if h == 0 else 12
+
+    def nvmlDeviceGetTotalEccErrors(self, h: int, error_type: int, counter_type: int) -> int:
+        assert counter_type == 0  # volatile, never the lifetime aggregate
+        if h == 0:
+            raise FakeNVMLError("Not Supported")  # ECC off: the metric is just absent
+        return 3 if error_type == 0 else 0
+
     def nvmlDeviceGetFieldValues(self, h: int, query: list[tuple[int, int]]) -> list[Any]:
         if h == 1:
             raise FakeNVMLError("Not Supported")
@@ -202,3 +231,23 @@ def test_energy_is_read_on_the_first_read_then_every_nth() -> None:
     seen = ["energy_j" in _metrics(reader.read((i + 1) * S), 0) for i in range(7)]
     assert seen == [True, False, False, True, False, False, True]
     assert "power_w" in _metrics(reader.read(8 * S), 0)  # the rest is read every time
+
+
+def test_pcie_link_power_limit_ecc_and_replays() -> None:
+    """The settings and counters the straggler causes compare with peers, in canonical units:
+    link generation/width every read, limits, maximum link, volatile ECC and replays on the
+    energy reads; a GPU whose ECC call is unsupported simply has no ECC row."""
+    reader = NvmlReader(FakeNvml(), energy_every=2)
+    first = reader.read(1 * S)
+    assert (_value(first, 0, "pcie_link_gen_last"), _value(first, 0, "pcie_link_width_last")) == (5, 16)
+    assert (_value(first, 1, "pcie_link_gen_last"), _value(first, 1, "pcie_link_width_last")) == (4, 8)
+    assert (
+        _value(first, 1, "pcie_max_link_gen_last") == 5 and _value(first, 1, "pcie_max_link_width_last") == 16
+    )
+    assert _value(first, 0, "power_limit_w") == 700.0 and _value(first, 1, "power_limit_w") == 600.0
+    assert _value(first, 1, "enforced_power_limit_w") == 590.0
+    assert _value(first, 1, "ecc_sbe_volatile_total") == 3 and _value(first, 1, "ecc_dbe_volatile_total") == 0
+    assert _value(first, 1, "pcie_replay_total") == 12
+    assert not {"ecc_sbe_volatile_total", "ecc_dbe_volatile_total"} & _metrics(first, 0)
+    second = reader.read(2 * S)  # not an energy read: only the current link is read again
+    assert "pcie_link_gen_last" in _metrics(second, 0) and "power_limit_w" not in _metrics(second, 0)

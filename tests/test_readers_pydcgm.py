@@ -116,3 +116,22 @@ def test_non_numeric_is_blank(value: Any) -> None:
     dcgm = fake_dcgm([{0: {155: [_s(1, value), _s(2, 300.5)]}}])
     df = DcgmReader(dcgm).read(0).tables["gpu_samples"]
     assert df["value"].to_list() == [300.5]
+
+
+def test_link_power_limit_and_error_fields_share_the_exporter_names() -> None:
+    """PCIe link generation/width (fields 235–238), the power limits (160, 164), volatile ECC
+    (310/311), PCIe replays (202) and NVLink error totals get the names the dcgm-exporter parser
+    gives the same field ids, so the straggler causes read one metric whichever reader wrote it."""
+    from collector.formats.dcgm import FIELDS_BY_ID
+    from collector.sources.pydcgm import FIELDS
+
+    assert {160, 164, 202, 235, 236, 237, 238, 310, 311, 409, 429} <= set(FIELDS)
+    assert {fid: name for fid, (name, _) in FIELDS.items() if fid in FIELDS_BY_ID} == {
+        fid: FIELDS_BY_ID[fid].name for fid in FIELDS if fid in FIELDS_BY_ID
+    }
+    first = {0: {237: [_s(1_000_000, 4)], 238: [_s(1_000_000, 8)], 160: [_s(1_000_000, 600.0)],
+                 241: [_s(1_000_000, 2_500_000_000)]}}  # fmt: skip
+    df = DcgmReader(fake_dcgm([first])).read(0).tables["gpu_samples"]
+    got = {r["metric"]: r["value"] for r in df.iter_rows(named=True)}
+    assert got == {"pcie_link_gen_last": 4.0, "pcie_link_width_last": 8.0, "power_limit_w": 600.0,
+                   "thermal_violation_s": 2.5}  # fmt: skip

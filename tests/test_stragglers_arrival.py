@@ -102,7 +102,7 @@ def test_intermittent_is_transient_in_its_windows() -> None:
     found = _verdict("intermittent")
     assert [s["rank"] for s in found] == [5]
     s = found[0]
-    assert s["kind"] == "transient" and s["windows_flagged"] == 4 and s["windows_evaluated"] == 40
+    assert s["kind"] == "intermittent" and s["windows_flagged"] == 4 and s["windows_evaluated"] == 40
     assert s["persistence"] == pytest.approx(0.1)
     first = int(1_800_000_000_000_000 // 10e6)
     assert s["flagged_windows"] == [first + w for w in range(10, 14)]

@@ -16,6 +16,12 @@ metric                          NVML call                                      c
 ``sm_clock_mhz``/``mem_clock_``  ``nvmlDeviceGetClockInfo``                     MHz
 ``gpu_temp_c``                  ``nvmlDeviceGetTemperature``                    °C
 ``throttle_reasons_mask``       ``nvmlDeviceGetCurrentClocksEventReasons``      bitmask (a code)
+``pcie_link_gen_last``/``_width_``  ``nvmlDeviceGetCurrPcieLinkGeneration``/``Width``  as given (a code)
+``power_limit_w``               ``nvmlDeviceGetPowerManagementLimit``           mW / 1000
+``enforced_power_limit_w``      ``nvmlDeviceGetEnforcedPowerLimit``             mW / 1000
+``pcie_max_link_gen_last``/wid  ``nvmlDeviceGetMaxPcieLinkGeneration``/``Width``  as given (a code)
+``ecc_sbe_volatile_total``/dbe  ``nvmlDeviceGetTotalEccErrors`` (volatile)      count
+``pcie_replay_total``           ``nvmlDeviceGetPcieReplayCounter``              count
 ``gpu_util_ratio``              ``nvmlDeviceGetUtilizationRates().gpu``         % / 100
 ``nvlink_tx_bytes_per_s``/rx    field values 138/139 per link (KiB, cumulative)  Δ×1024 / Δt
 ``sm_active_ratio`` etc.        GPM SM_UTIL / ANY_TENSOR_UTIL / DRAM_BW_UTIL    % / 100
@@ -42,7 +48,11 @@ Rules:
 4. Every row has ``source='nvml'`` and the GPU's index, UUID and model name.
 5. ``energy_j`` is read on the first read and then every ``energy_every`` reads (default 10):
    on a real H100 that one call took 6-7 of the 7.6 ms a read cost (bench/results/nvml.md), and
-   a cumulative counter loses nothing by being sampled less often.
+   a cumulative counter loses nothing by being sampled less often. The power limits, the
+   maximum PCIe link, the volatile ECC counts and the PCIe replay counter (settings and
+   counters the straggler causes compare) are read on the same reads; the current PCIe link
+   generation and width on every read (the link trains down when idle). A binding without one
+   of these functions skips that metric.
 """
 
 from __future__ import annotations
@@ -188,6 +198,7 @@ def _plain_metrics(nvml: Any, h: Any, *, energy: bool = True) -> list[tuple[str,
         single.append(("throttle_reasons_mask", reasons_fn, (h,), 1.0))
     if energy:
         single.append(("energy_j", nvml.nvmlDeviceGetTotalEnergyConsumption, (h,), 1e-3))
+    single += _optional(nvml, h, _LINK + (_SLOW if energy else ()))
     for metric, fn, args, scale in single:
         value = _try(nvml, fn, *args)
         if value is not None:
@@ -195,6 +206,37 @@ def _plain_metrics(nvml: Any, h: Any, *, energy: bool = True) -> list[tuple[str,
     util = _try(nvml, nvml.nvmlDeviceGetUtilizationRates, h)
     if util is not None:
         out.append(("gpu_util_ratio", util.gpu / 100.0))
+    return out
+
+
+# (metric, NVML function, extra arguments as (constant name, default), scale): read when the
+# binding has the function (rule 5).
+_LINK: tuple[tuple[str, str, tuple[tuple[str, int], ...], float], ...] = (
+    ("pcie_link_gen_last", "nvmlDeviceGetCurrPcieLinkGeneration", (), 1.0),
+    ("pcie_link_width_last", "nvmlDeviceGetCurrPcieLinkWidth", (), 1.0),
+)
+_SLOW: tuple[tuple[str, str, tuple[tuple[str, int], ...], float], ...] = (
+    ("power_limit_w", "nvmlDeviceGetPowerManagementLimit", (), 1e-3),
+    ("enforced_power_limit_w", "nvmlDeviceGetEnforcedPowerLimit", (), 1e-3),
+    ("pcie_max_link_gen_last", "nvmlDeviceGetMaxPcieLinkGeneration", (), 1.0),
+    ("pcie_max_link_width_last", "nvmlDeviceGetMaxPcieLinkWidth", (), 1.0),
+    ("pcie_replay_total", "nvmlDeviceGetPcieReplayCounter", (), 1.0),
+    ("ecc_sbe_volatile_total", "nvmlDeviceGetTotalEccErrors",
+     (("NVML_MEMORY_ERROR_TYPE_CORRECTED", 0), ("NVML_VOLATILE_ECC", 0)), 1.0),
+    ("ecc_dbe_volatile_total", "nvmlDeviceGetTotalEccErrors",
+     (("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1), ("NVML_VOLATILE_ECC", 0)), 1.0),
+)  # fmt: skip
+
+
+def _optional(
+    nvml: Any, h: Any, table: tuple[tuple[str, str, tuple[tuple[str, int], ...], float], ...]
+) -> list[tuple[str, Any, tuple[Any, ...], float]]:
+    """The rows of ``table`` whose function this binding has, as ``(metric, fn, args, scale)``."""
+    out = []
+    for metric, name, consts, scale in table:
+        fn = getattr(nvml, name, None)
+        if fn is not None:
+            out.append((metric, fn, (h, *(getattr(nvml, c, d) for c, d in consts)), scale))
     return out
 
 

@@ -9,7 +9,10 @@ took since the last call, each with its own timestamp.
 Rules:
 
 1. Field IDs map to canonical metrics with one conversion each (:data:`FIELDS`): MiB → bytes,
-   mJ → J, percent → ratio; profiling ratios and bytes/s are stored as given.
+   mJ → J, percent → ratio, violation ns → s; profiling ratios and bytes/s are stored as given.
+   The names are those :mod:`collector.formats.dcgm` gives the same fields (power limits, PCIe
+   link generation/width, volatile ECC and NVLink error counters included: the straggler
+   causes read them).
 2. Every sample is a row at its own DCGM timestamp (µs → ns), not at the read time.
 3. Blank samples (``isBlank``, DCGM's sentinel values ≥ 1e14, NaN or non-numbers) are dropped,
    never stored.
@@ -47,10 +50,25 @@ FIELDS: dict[int, tuple[str, float]] = {
     150: ("gpu_temp_c", 1.0),
     155: ("power_w", 1.0),
     156: ("energy_j", 1e-3),
+    160: ("power_limit_w", 1.0),
+    164: ("enforced_power_limit_w", 1.0),
+    202: ("pcie_replay_total", 1.0),
     203: ("gpu_util_ratio", 0.01),
     230: ("xid_last", 1.0),
+    235: ("pcie_max_link_gen_last", 1.0),
+    236: ("pcie_max_link_width_last", 1.0),
+    237: ("pcie_link_gen_last", 1.0),
+    238: ("pcie_link_width_last", 1.0),
+    240: ("power_violation_s", 1e-9),
+    241: ("thermal_violation_s", 1e-9),
     251: ("fb_free_bytes", MIB),
     252: ("fb_used_bytes", MIB),
+    310: ("ecc_sbe_volatile_total", 1.0),
+    311: ("ecc_dbe_volatile_total", 1.0),
+    409: ("nvlink_crc_flit_errors_total", 1.0),
+    419: ("nvlink_crc_data_errors_total", 1.0),
+    429: ("nvlink_replay_errors_total", 1.0),
+    439: ("nvlink_recovery_errors_total", 1.0),
     1001: ("gr_engine_active_ratio", 1.0),
     1002: ("sm_active_ratio", 1.0),
     1003: ("sm_occupancy_ratio", 1.0),

@@ -31,7 +31,8 @@ def stragglers_command(
     rank_gpu: str = typer.Option("", "--rank-gpu", help="Rank→GPU map: 0=hostA:0,1=hostA:1,..."),
     as_json: bool = typer.Option(False, "--json", help="Print the verdict as JSON."),
 ) -> None:
-    """Find straggler ranks (arrival-skew blame, robust z-score, persistence) and name the likely cause."""
+    """Find straggler ranks (arrival order tested per window with false-discovery control, persistent or
+    intermittent) and name the likely cause from the GPU's telemetry."""
     if not store.exists():
         typer.echo(f"stragglers: no store at {store}", err=True)
         raise typer.Exit(2)
@@ -47,8 +48,9 @@ def stragglers_command(
     for o, found in result["origins"].items():
         typer.echo(f"{o}: {len(found)} straggler(s)")
         for s in found:
+            slow = "" if s.get("slowness") is None else f"{s['slowness']:.1%} slower, "
             typer.echo(
-                f"  rank {s['rank']} ({s['kind']}, {s['persistence']:.0%} of windows, "
+                f"  rank {s['rank']} ({s['kind']}, {slow}{s['persistence']:.0%} of windows, "
                 f"{s['blame_share']:.0%} of blame) on {s['host'] or '?'} gpu {s['gpu']}: {s['cause']}"
             )
 
