@@ -110,7 +110,9 @@ class Evidence(_M):
 
 class Verdict(_M):
     deployment: str
-    primary: str = Field(description="compute | hbm_bandwidth | kv_capacity | network | headroom")
+    primary: str = Field(
+        description="compute | hbm_bandwidth | kv_capacity | network | headroom | saturated | unknown"
+    )
     secondary: str | None
     confidence: float
     scores: dict[str, float | None]
@@ -118,6 +120,11 @@ class Verdict(_M):
     missing: list[str]
     notes: list[str]
     window: Window
+    label: str = Field("", description='the verdict in words, e.g. "ambiguous: compute or hbm_bandwidth"')
+    ambiguous: list[str] = Field([], description="zones in a near-tie with the primary (best first)")
+    critical_path: dict[str, Any] = Field(
+        {}, description="whether the network is in the critical path, why, and collective time shares"
+    )
 
 
 class CpFit(_M):

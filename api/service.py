@@ -41,10 +41,8 @@ from analyzer import stragglers as strag
 from analyzer.collectives import rank_waits, summary
 from analyzer.crossover import history_bins
 from analyzer.deployments import ENGINE_KEY_SQL, Deployment, list_deployments
-from analyzer.envelope import analyze_deployment
 from analyzer.latency import binned_quantiles, bucket_increases, quantiles_from_increases, window_quantiles
-from analyzer.regression import p99_regression
-from analyzer.report import plan_for_deployment
+from analyzer.report import deployment_report, plan_for_deployment
 from analyzer.thresholds import Thresholds
 
 NS = 1_000_000_000
@@ -89,12 +87,17 @@ def targets(
 
 
 def envelope(
-    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, history_s: float = 86400.0
+    con: duckdb.DuckDBPyConnection,
+    dep: Deployment,
+    start_ns: int,
+    end_ns: int,
+    th: Thresholds | None = None,
+    history_s: float = 86400.0,
 ) -> dict[str, Any]:
-    """Zone + evidence + Cp + headroom (:func:`analyze_deployment`), regressions and the load curve."""
-    th = Thresholds()
-    report = analyze_deployment(con, dep, start_ns, end_ns, th, history_s=history_s)
-    report["regression"] = p99_regression(con, dep, start_ns, end_ns, th).as_dict()
+    """The analyzer's one front door (:func:`analyzer.report.deployment_report`: zone, evidence,
+    Cp, headroom, regressions) under the app's analysis settings, plus the load curve."""
+    th = th or Thresholds()
+    report = deployment_report(con, dep, start_ns, end_ns, th, history_s=history_s)
     report["load_curve"] = load_curve(con, dep, max(end_ns - int(history_s * NS), 0), end_ns, th)
     report["load_points"] = window_load(con, dep, start_ns, end_ns, LOAD_POINTS)
     report["window"] = {"start_ns": start_ns, "end_ns": end_ns, "seconds": (end_ns - start_ns) / NS}

@@ -30,7 +30,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
-ZONE_NAMES = ("compute", "hbm_bandwidth", "kv_capacity", "network", "headroom")
+ZONE_NAMES = ("compute", "hbm_bandwidth", "kv_capacity", "network", "headroom", "saturated", "unknown")
 SIGNALS = {"ttft_seconds": "ttft", "itl_seconds": "itl"}
 
 Analysis = Callable[[], list[tuple[Any, dict[str, Any], dict[str, Any], float]]]
@@ -107,7 +107,12 @@ def add_envelope(f: dict[str, GaugeMetricFamily], name: str, env: dict[str, Any]
     _add(f["kvseq"], [name], env["headroom"]["kv_sequences_left"])
     _add(f["cp"], [name], env["cp"]["cp"])
     _add(f["conc"], [name], _evidence(env, "requests_running"))
-    _add(f["exposed"], [name], _evidence(env, "collective_share_ratio"))
+    exposed = _evidence(env, "collective_share_ratio")
+    _add(
+        f["exposed"],
+        [name],
+        exposed if exposed is not None else _evidence(env, "fabric_collective_share_ratio"),
+    )
     _add(f["busbw"], [name], _evidence(env, "busbw_over_capability"))
     for row in env["regression"]["metrics"]:
         add_regression(f, name, row)

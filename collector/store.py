@@ -21,6 +21,7 @@ into the per-minute ``*_1m`` tables, which are kept for ``rollup_retention_s``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -124,30 +125,74 @@ class Store(RowCounts):
         self.path = str(path)
         self.read_only = read_only
         self._lock = threading.RLock()
-        config: dict[str, Any] = {
+        self._config: dict[str, Any] = {
             "threads": threads or _cpus(),
             "autoload_known_extensions": False,
             "autoinstall_known_extensions": False,
         }
         if memory_limit:
-            config["memory_limit"] = memory_limit
+            self._config["memory_limit"] = memory_limit
         if not read_only:
-            config["wal_autocheckpoint"] = WAL_AUTOCHECKPOINT
+            self._config["wal_autocheckpoint"] = WAL_AUTOCHECKPOINT
         attached = not read_only and self.path != ":memory:"
         self._use = f"USE {ATTACHED}" if attached else ""  # makes a new cursor see the store's tables
+        self._open()
+
+    def _open(self) -> None:
+        """Connect (or reconnect: :meth:`reopen`), check, migrate and lock the database down."""
         try:
-            if attached:
-                self.con = self._attach(config)
+            if self._use:
+                self.con = self._attach(self._config)
             else:
-                self.con = duckdb.connect(self.path, read_only=read_only, config=config)
+                self.con = duckdb.connect(self.path, read_only=self.read_only, config=self._config)
         except duckdb.Error as exc:
-            raise StoreError(f"store {self.path}: cannot open ({exc})") from exc
-        self._series = {name: series.SeriesIndex(t) for name, t in TABLES.items() if t.values}
-        if not read_only:
-            self._migrate()
+            raise StoreError(f"store {self.path}: cannot open ({_first_line(exc)})") from exc
+        try:
+            self._check_size()
+            if not self.read_only:
+                self._migrate()
+        except (duckdb.Error, StoreError) as exc:
+            self.con.close()
+            if isinstance(exc, StoreError):
+                raise
+            raise StoreError(f"store {self.path}: cannot open ({_first_line(exc)})") from exc
         self.lock_down()
+        # what the writer keeps in memory is read again from the file (a reopen may follow a
+        # commit that failed)
+        self._series = {name: series.SeriesIndex(t) for name, t in TABLES.items() if t.values}
         self._newest: dict[str, int | None] = {}  # points table -> its largest ts_ns stored
         self._writer = self._new_cursor()
+
+    def _check_size(self) -> None:
+        """A file shorter than the blocks its header lists was cut off (a copy that stopped, a full
+        disk): DuckDB opens it and fails only when a query reaches a missing block, so it is
+        refused here. The file is three 4 KiB headers followed by ``total_blocks`` blocks."""
+        if self.path == ":memory:" or not Path(self.path).is_file():
+            return
+        got = self.con.execute(
+            "SELECT block_size, total_blocks FROM pragma_database_size() "
+            "WHERE database_name = current_database()"
+        ).fetchone()
+        if not got:
+            return
+        expected, size = 3 * 4096 + int(got[0]) * int(got[1]), Path(self.path).stat().st_size
+        if size < expected:
+            raise StoreError(
+                f"store {self.path}: truncated ({size} bytes, its header lists {expected}); "
+                "restore it from a copy or move it away"
+            )
+
+    def reopen(self) -> None:
+        """Close and open the file again: DuckDB invalidates a database whose checkpoint failed (a
+        full disk) until it is detached and attached again; what was committed is kept (the WAL
+        is replayed). Raises :class:`StoreError` while the file still cannot be opened."""
+        with self._lock:
+            for handle in (self._writer, self.con):
+                with contextlib.suppress(duckdb.Error):  # an invalidated database may refuse even this
+                    handle.close()
+            if self._use and not Path(self.path).is_file():  # never a new, empty store in its place
+                raise StoreError(f"store {self.path}: no such file (it was moved or deleted)")
+            self._open()
 
     def _attach(self, config: dict[str, Any]) -> duckdb.DuckDBPyConnection:
         """A writable file store, attached (with :data:`BLOCK_SIZE` when the file is new) and made
@@ -403,6 +448,10 @@ class Store(RowCounts):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def _text(value: str) -> str:

@@ -73,6 +73,8 @@ def test_zone_is_one_hot_with_bounded_labels(scraped: dict) -> None:
         "kv_capacity": 1.0,
         "network": 0.0,
         "headroom": 0.0,
+        "saturated": 0.0,
+        "unknown": 0.0,
     }
     second = {lab["zone"]: v for lab, v in scraped["ioe_deployment_secondary_zone"]}
     assert sum(second.values()) == 1.0 and second["hbm_bandwidth"] == 1.0

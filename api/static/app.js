@@ -2,7 +2,7 @@
 "use strict";
 
 const ZONE_COLORS = {compute: "#d9534f", hbm_bandwidth: "#f0ad4e", kv_capacity: "#8e44ad",
-  network: "#2a7fd4", headroom: "#3c9d5d"};
+  network: "#2a7fd4", headroom: "#3c9d5d", saturated: "#b03a2e", unknown: "#7f8c8d"};
 const SERIES_COLORS = ["#2a7fd4", "#d9534f", "#3c9d5d", "#f0ad4e", "#8e44ad", "#555"];
 const SVGNS = "http://www.w3.org/2000/svg";
 
@@ -343,7 +343,9 @@ async function deploymentView(main, name) {
     api(`${base}/fabric?${q}`), api(`${base}/stragglers?${q}`)]);
   const v = env.envelope;
   const head = el("div", {class: "verdict"}, el("h1", {}, name), zoneBadge(v.primary),
-    el("span", {}, ` confidence ${fmt(v.confidence, 2)}`), v.secondary ? el("span", {}, " · secondary ", zoneBadge(v.secondary)) : "");
+    v.label && v.label !== v.primary ? el("span", {class: "verdict-label"}, ` ${v.label}`) : "",
+    el("span", {}, ` confidence ${fmt(v.confidence, 2)}`), v.secondary ? el("span", {}, " · secondary ", zoneBadge(v.secondary)) : "",
+    (v.notes || []).length > 1 ? el("p", {class: "verdict-notes"}, v.notes.slice(1).join(" · ")) : "");
   const evidence = table(["zone", "signal", "value", "unit", "rule", "verdict", "source"],
     v.evidence.filter(e => e.verdict !== "info").map(e => [e.zone, e.signal, fmt(e.value), e.unit, e.compared_with,
       verdictBadge(e.verdict), e.source]));
@@ -393,7 +395,7 @@ async function planView(box, base) {
 async function render() {
   const main = document.getElementById("main");
   delete main.dataset.ready;
-  const m = location.pathname.match(/^\/deployments\/([^/]+)$/);
+  const m = location.pathname.match(/^\/deployments\/(.+)$/);  // a name may hold "/" (%2F)
   try {
     if (m) await deploymentView(main, decodeURIComponent(m[1]));
     else await overview(main);

@@ -13,6 +13,7 @@ from collector.formats import IngestContext
 from collector.ingest import ingest_paths
 from collector.readonly import ReadOnlyQueryError, run_readonly_query
 from collector.store import Store
+from ioe.commands._common import readable_store
 
 
 def ingest(
@@ -61,7 +62,8 @@ def query(
     if fmt not in ("csv", "json"):
         raise typer.BadParameter("--format must be csv or json")
     try:
-        result = run_readonly_query(store, sql, max_rows=limit)
+        with readable_store("ioe query", store) as path:  # a live writer's store: a snapshot
+            result = run_readonly_query(path, sql, max_rows=limit)
     except ReadOnlyQueryError as exc:
         typer.echo(f"query refused: {exc}", err=True)
         raise typer.Exit(2) from exc
