@@ -236,8 +236,9 @@ function envelopePanel(env, title, yOf, opts) {
     t.textContent = label; f.root.append(t); row++;
   }
   if (knee) {
-    const close = cp.cp && Math.abs(f.sx(knee) - f.sx(cp.cp)) < 150;
-    marker(f, knee, `latency knee ≈ ${fmt(knee)} req`, "knee-line", close ? row : 0);
+    // below the Cp label when the two sit close, and below the "not reached" note always
+    const apart = cp.cp && Math.abs(f.sx(knee) - f.sx(cp.cp)) >= 150;
+    marker(f, knee, `latency knee ≈ ${fmt(knee)} req`, "knee-line", apart ? 0 : row);
   }
   return f.root;
 }
