@@ -131,7 +131,7 @@ def _unrecognized(store: Sink, path: Path, formats: list[FileFormat], report: In
     why = why_unrecognized(path.name, read_head(path), formats)
     report.unrecognized.append(str(path))
     report.reasons[str(path)] = why
-    log.info("ingest: %s unrecognized: %s", path, why)
+    log.debug("ingest: %s unrecognized: %s", path, why)
     row = {"ts_ns": [time.time_ns()], "source": [str(path)], "location": [str(path)]}
     store.write("ingest_errors", frame("ingest_errors", {**row, "message": [f"unrecognized: {why}"]}))
 

@@ -45,6 +45,9 @@ EXPECTED = {
     "sglang_0.4_llama31_8b.prom": (
         "sglang", {"itl_seconds_count", "ttft_seconds_count", "kv_usage_ratio", "requests_running",
                    "requests_waiting"}),
+    "sglang_0.3_gemma2_9b.prom": (
+        "sglang", {"ttft_seconds_count", "itl_seconds_count", "e2e_seconds_sum", "queue_seconds_count",
+                   "requests_running", "requests_waiting", "kv_usage_ratio", "prefix_cache_hit_ratio"}),
     "triton_4gpu_gpt_neo_ensemble.prom": (
         "triton", {"e2e_seconds_sum", "e2e_seconds_count", "queue_seconds_sum", "queue_seconds_count",
                    "inference_seconds_count"}),
@@ -110,6 +113,16 @@ def test_sglang_04_time_per_output_token_is_itl_with_its_74m_observations() -> N
     assert _value(tables["engine_samples"], "itl_seconds_count") == 7_400_757.0
     itl = tables["histogram_buckets"].filter(pl.col("concept") == "itl_seconds")
     assert itl.height == 19 and itl["cumulative_count"].max() == 7_400_757.0
+
+
+def test_sglang_03_name_label_is_the_model_and_hit_rate_a_percentage() -> None:
+    tables = _parse("sglang_0.3_gemma2_9b.prom")
+    samples = tables["engine_samples"]
+    assert set(samples["model"]) == {"google/gemma-2-9b-it"} and set(samples["labels"]) == {"{}"}
+    assert _value(samples, "prefix_cache_hit_ratio") == pytest.approx(0.1061)
+    assert _value(samples, "kv_usage_ratio") == 0.01
+    queue = tables["histogram_buckets"].filter(pl.col("concept") == "queue_seconds")
+    assert queue.filter(pl.col("le") == 1.0)["cumulative_count"].to_list() == [421.0]
 
 
 def test_triton_sums_have_counts_and_gpu_gauges_are_gpu_samples() -> None:

@@ -94,3 +94,15 @@ def test_ingest_reads_every_vintage(tmp_path: Path) -> None:
     report = ingest_paths(Store(), [LOGS], IngestContext(ts_ns=1))
     assert report.files["nccl-tests"] == 4 and report.problems == []
     assert report.rows["nccl_baselines"] == 62 * 2 + 58 + 10 + 6
+
+
+def test_the_tests_own_dash_n_is_not_a_process_count() -> None:
+    """`mpirun --hostfile h ./broadcast_perf … -n 50`: 50 is the test's iterations, not processes.
+    Broadcast's busbw does not depend on the count, so only the header can say 12 GPUs."""
+    text = (LOGS / "v100_dgx2_12gpu_2019_two_tests.log").read_text()
+    table = text[text.index("./build/broadcast_perf") :].split("\n", 1)[1]
+    body = "mpirun --hostfile hosts ./build/broadcast_perf -b 8 -e 10240M -f 2 -g 12 -n 50\n" + "\n".join(
+        line for line in table.splitlines() if "Rank " not in line
+    )
+    df = parse_text(body, "x").tables["nccl_baselines"]
+    assert set(df["n_gpus"]) == {12} and set(df["op"]) == {"Broadcast"}

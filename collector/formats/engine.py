@@ -39,10 +39,11 @@ Rules:
    ``time_to_first_token_seconds``, ...) → nim, only on a series with a ``model_name`` label.
    Samples of families not in :data:`FAMILIES` (``python_*``, ``process_*``, engine
    internals) are not stored, and ``*_created`` samples never are.
-2. Identity columns: ``model`` from ``model_name`` (else ``model``); ``dp_rank`` from vLLM's
-   ``engine`` label (its data-parallel index) or ``dp_rank``; ``tp_rank``, ``pp_rank``;
-   ``ep_rank`` from ``moe_ep_rank`` or ``ep_rank``. A missing or non-integer rank, or one
-   outside the store's 32-bit INTEGER, is -1 (the raw text then stays in ``labels``).
+2. Identity columns: ``model`` from ``model_name`` (else ``model``; SGLang ≤ 0.3: ``name``);
+   ``dp_rank`` from vLLM's ``engine`` label (its data-parallel index) or ``dp_rank``;
+   ``tp_rank``, ``pp_rank``; ``ep_rank`` from ``moe_ep_rank`` or ``ep_rank``. A missing or
+   non-integer rank, or one outside the store's 32-bit INTEGER, is -1 (the raw text then stays
+   in ``labels``).
 3. Every other label (except ``le``) goes to ``labels`` as JSON with sorted keys and no
    blanks; a series without other labels has ``labels = '{}'`` (never ``''``).
 4. Triton's cumulative ``*_duration_us`` counters are seconds sums (×1e-6) and its
@@ -68,6 +69,9 @@ Rules:
     "kv_cache_transfer_ms"`` → kv_transfer_seconds_sum); other values are not stored.
 12. A real summary (Triton's ``*_summary_us``) keeps its quantile series as
     ``<concept>_quantile`` in seconds.
+12. SGLang ≤ 0.3 (a ``name`` label instead of ``model_name``): ``name`` is the model, its
+    ``sglang:num_requests_running``/``_waiting`` and ``waiting_request_latency_seconds`` (queue
+    time) are read, and its ``cache_hit_rate`` — a percentage then — is divided by 100.
 """
 
 from __future__ import annotations
@@ -226,6 +230,8 @@ class _Rows:
 
     def one(self, engine: str, sample: Sample, concept: Concept, suffix: str) -> _Series:
         name, factor = _concept_value(concept, suffix, 1.0, "quantile" in sample.labels)
+        if name == "prefix_cache_hit_ratio" and _old_sglang_model(engine, sample.labels):
+            factor *= 0.01  # rule 12: SGLang ≤ 0.3 printed a percentage
         if name is None:
             return _Series(sample.labels, True, "", (), 1.0, None, False)
         table = "buckets" if suffix == "_bucket" else "samples"
@@ -294,10 +300,17 @@ def _columns(names: tuple[str, ...], rows: list[tuple[Any, ...]]) -> dict[str, l
 
 def _identity(engine: str, labels: Mapping[str, str]) -> tuple[Any, ...]:
     """Rule 2-3: ``(model, dp, tp, pp, ep, labels JSON)`` of one label set."""
-    model = labels.get("model_name") or labels.get("model", "")
+    model = labels.get("model_name") or labels.get("model", "") or _old_sglang_model(engine, labels)
     dp = _rank(labels, "engine") if engine == "vllm" else _rank(labels, "dp_rank")
     ep = _rank(labels, "moe_ep_rank") if "moe_ep_rank" in labels else _rank(labels, "ep_rank")
     return (model, dp, _rank(labels, "tp_rank"), _rank(labels, "pp_rank"), ep, _labels_json(labels, engine))
+
+
+def _old_sglang_model(engine: str, labels: Mapping[str, str]) -> str:
+    """Rule 2: SGLang ≤ 0.3 named the model in a ``name`` label."""
+    if engine == "sglang" and "model_name" not in labels and "model" not in labels:
+        return labels.get("name", "")
+    return ""
 
 
 def _rank(labels: Mapping[str, str], key: str) -> int:
@@ -315,7 +328,8 @@ def is_cumulative(table: str, ident: tuple[Any, ...]) -> bool:
 
 def _labels_json(labels: Mapping[str, str], engine: str) -> str:
     """Rule 3: labels not consumed by an identity column, as sorted compact JSON."""
-    rest = {k: v for k, v in labels.items() if not _consumed(k, v, engine)}
+    old_name = bool(_old_sglang_model(engine, labels))
+    rest = {k: v for k, v in labels.items() if not _consumed(k, v, engine) and not (old_name and k == "name")}
     return json.dumps(rest, sort_keys=True, separators=(",", ":"))
 
 

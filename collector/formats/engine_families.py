@@ -105,6 +105,11 @@ FAMILIES: dict[str, Concept] = {
     "sglang:request_time_per_output_token_seconds": _hist("tpot_seconds"),
     "sglang:e2e_request_latency_seconds": _hist("e2e_seconds"),
     "sglang:queue_time_seconds": _hist("queue_seconds"),
+    "sglang:waiting_request_latency_seconds": _hist("queue_seconds"),  # 0.3
+    "sglang:num_requests_running": Concept("requests_running", _G),  # 0.3
+    "sglang:num_requests_waiting": Concept("requests_waiting", _G),  # 0.3
+    "sglang:request_prompt_tokens": Concept("request_prompt_tokens", _S),  # 0.3
+    "sglang:request_generation_tokens": Concept("request_generation_tokens", _S),  # 0.3
     "sglang:num_running_reqs": Concept("requests_running", _G),
     "sglang:num_queue_reqs": Concept("requests_waiting", _G),
     "sglang:token_usage": Concept("kv_usage_ratio", _G),

@@ -209,9 +209,11 @@ def _text_header(lines: list[str]) -> dict[str, Any]:
         else:
             if m := _NRANKS.search(line):
                 nranks = max(nranks, int(m.group(1)))
-            if not binary and (m := _BINARY.search(line)):
-                binary = m.group(1)
-            if m := _LAUNCH.search(line):
+            found = _BINARY.search(line)
+            if not binary and found:
+                binary = found.group(1)
+            # the launcher's own options only: a test's "-n 50" (iterations) is not a count
+            if m := _LAUNCH.search(line[: found.start()] if found else line):
                 procs = int(m.group(1))
     hosts = set(ranks.values()) if len(ranks) == max(ranks, default=-1) + 1 else set()
     return {
