@@ -5,9 +5,11 @@ bounded queue; ``ioe serve`` passes the store itself), so the API never opens fi
 Routers live in their own modules and are included here.
 
 Rules:
-  1. ``/healthz`` answers while the process runs; ``/readyz`` once the store answers.
+  1. ``/healthz`` answers 200 while the process runs and its store is usable (503 while an
+     invalidated store cannot be reopened); ``/readyz`` once the store answers (rule 7).
   2. ``/metrics`` renders every registry in ``app.state.registries`` (the sidecar's self-metrics)
-     followed by the verdicts registry (:mod:`api.verdicts`), which this function appends.
+     followed by the shed-requests counter and the verdicts registry (:mod:`api.verdicts`), which
+     this function appends.
   3. Request bodies above ``max_body_bytes`` get 413 (:mod:`api.limits`); the OTLP receiver
      caps its decompressed body itself (``settings.otlp.max_body_bytes``).
   4. With a token configured every route needs it but ``/healthz``, ``/readyz``, ``/metrics``

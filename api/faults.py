@@ -70,6 +70,7 @@ class StoreFaults:
         self._last_reopen = -REOPEN_EVERY_S
         self._last_check = -CHECK_EVERY_S
         self._checking = False
+        self._reopening = False  # one reopen at a time, however long it takes
         self._probes = 0  # probe threads running (a stuck one is not joined: daemon threads)
 
     def seen(self, exc: BaseException | None) -> bool:
@@ -90,19 +91,21 @@ class StoreFaults:
             if self.invalid is None:
                 return None
             now = self.clock()
-            if now - self._last_reopen < REOPEN_EVERY_S:
+            if self._reopening or now - self._last_reopen < REOPEN_EVERY_S:
                 return self.invalid
-            self._last_reopen = now
+            self._last_reopen, self._reopening = now, True
         reopen = getattr(self.store, "reopen", None)
-        if reopen is None:
-            return self.invalid
         try:
+            if reopen is None:
+                return self.invalid
             reopen()
         except (StoreError, duckdb.Error) as exc:
             with self._lock:
                 cause = (self.invalid or "").split(" (reopen failed")[0]
                 self.invalid = f"{cause} (reopen failed: {first_line(exc)})"
             return self.invalid
+        finally:
+            self._reopening = False
         with self._lock:
             log.warning("store reopened after: %s", self.invalid)
             self.invalid = None

@@ -30,7 +30,7 @@ import httpx
 import pytest
 import uvicorn
 from api_store import build
-from conftest import free_port
+from conftest import free_port, require_component
 from fastapi.testclient import TestClient
 from google.rpc import status_pb2
 from otlp_engine_spans import to_protobuf, vllm_spans
@@ -332,3 +332,34 @@ def test_a_reopened_store_keeps_committed_series_and_points(tmp_path: Path, file
     # every point names a stored series; ids are unique (series of a failed write may stay, pointless)
     assert n == ids >= acked // 100 + 40 and orphans == (0,)
     st.close()
+
+
+def test_the_page_links_to_a_model_id_deployment(model_named: Store) -> None:
+    """The overview's link encodes the ``/`` (``%2F``) and the deployment view loads from it."""
+    from test_page_playwright import CHROMIUM_ARGS
+
+    chromium = require_component(
+        "chromium", "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+    )
+    sync_api = pytest.importorskip("playwright.sync_api")
+    name = "meta-llama/Llama-3.1-8B-Instruct"
+    with (
+        Served(create_app(Settings(store_path=":memory:"), model_named)) as srv,
+        sync_api.sync_playwright() as p,
+    ):
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(srv.url + "/")
+            page.wait_for_selector("main[data-ready='1']", timeout=30_000)
+            link = page.locator("table tbody tr td a").first
+            assert link.inner_text() == name
+            assert link.get_attribute("href") == "/deployments/meta-llama%2FLlama-3.1-8B-Instruct"
+            link.click()
+            page.wait_for_selector("main[data-ready='1'] h1", timeout=30_000)
+            assert page.locator("main h1").first.inner_text() == name
+            assert errors == []
+        finally:
+            browser.close()

@@ -8,6 +8,7 @@ open, as a sidecar does.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -114,6 +115,9 @@ def test_analyze_and_query_read_a_held_store_from_a_snapshot(store: Path, held: 
             cwd=tmp_path)  # fmt: skip
     assert q.returncode == 0, q.stderr
     assert q.stdout.strip() == '[{"n": 200}]'
+    p = ioe("plan", "--deployment", "llama70b", "--store", str(store), "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["candidates"]
     assert not list(Path(tempfile.gettempdir()).glob(f"ioe-snapshot-*/{store.name}"))  # removed after
 
 
