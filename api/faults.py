@@ -43,12 +43,31 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+# Errors of the request itself (its SQL, its values, a refused permission, a cancel): never store
+# faults, whatever their text says (a query may well quote "invalidated" or "I/O error").
+_REQUEST_ERRORS = (
+    duckdb.ProgrammingError,  # parser, binder, catalog, syntax errors
+    duckdb.ConversionException,
+    duckdb.InvalidInputException,
+    duckdb.ConstraintException,
+    duckdb.NotImplementedException,
+    duckdb.OutOfRangeException,
+    duckdb.TypeMismatchException,
+    duckdb.DependencyException,
+    duckdb.PermissionException,
+    duckdb.InterruptException,
+)
+
+
 def fault_kind(exc: BaseException | None) -> str | None:
     """Rule 1-2: ``"invalidated"``, ``"io"``, or ``None`` when ``exc`` is not a store fault."""
-    if exc is None:
+    if exc is None or isinstance(exc, _REQUEST_ERRORS):
         return None
     text = str(exc).lower()
-    if isinstance(exc, duckdb.Error) and "invalidated" in text:
+    # DuckDB's three wordings: 'Database "x" has been invalidated because checkpointing failed',
+    # 'The database has been invalidated', 'database has been invalidated because of a previous
+    # fatal error'
+    if isinstance(exc, duckdb.Error) and "has been invalidated" in text:
         return "invalidated"
     if isinstance(exc, duckdb.FatalException):
         return "invalidated"

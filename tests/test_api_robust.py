@@ -363,3 +363,21 @@ def test_the_page_links_to_a_model_id_deployment(model_named: Store) -> None:
             assert errors == []
         finally:
             browser.close()
+
+
+def test_a_query_that_quotes_a_fault_word_is_not_a_store_fault() -> None:
+    """A SQL error whose text says "invalidated" or "I/O error" is the request's, not the store's:
+    no 503, no reopen (schemathesis found ``{"sql": "invalidated"}`` answered 503)."""
+    import duckdb
+
+    from api.faults import fault_kind
+
+    con = duckdb.connect()
+    for sql in (
+        "invalidated",
+        "SELECT 'database has been invalidated'::INT",
+        "SELECT * FROM io_error_disk_full",
+    ):
+        with pytest.raises(duckdb.Error) as caught:
+            con.execute(sql)
+        assert fault_kind(caught.value) is None, sql
