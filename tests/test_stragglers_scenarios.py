@@ -403,3 +403,22 @@ def test_inspector_without_timestamps() -> None:
         found = analyze(con, "inspector", th=TH)["origins"]["inspector"]
     assert [(s["rank"], s["kind"]) for s in found] == [(3, "persistent")]
     assert found[0]["slowness"] == pytest.approx(0.10, abs=0.02)
+
+
+def test_row_order_and_junk_rows_change_nothing() -> None:
+    """The same timeline shuffled, with Prometheus aggregates (coll_sn −1) and records seen on one
+    rank only added, names the same ranks with the same figures: instances are keyed by
+    coll_sn, and rows that are not instances are left out (collectives rule 1)."""
+    from analyzer.stragglers import find_stragglers
+
+    clean = trace(Group(slow={2: 1.15, 6: 1.40}, when={6: {5, 12}}, steps=900))
+    junk = clean.head(50).with_columns(pl.lit(-1, pl.Int64).alias("coll_sn"))
+    lonely = clean.filter(pl.col("rank") == 0).head(30).with_columns(pl.col("coll_sn") + 10_000)
+    messy = pl.concat([clean, junk, lonely]).sample(fraction=1.0, shuffle=True, seed=4)
+
+    def key(rec: pl.DataFrame) -> list[tuple[Any, ...]]:
+        rec = rec.with_columns(pl.col("start_us").alias("t_us"))
+        return [(s.rank, s.kind, s.flagged_windows, round(s.slowness or 0, 9), round(s.z, 6))
+                for s in find_stragglers(rec, TH)]  # fmt: skip
+
+    assert key(messy) == key(clean) and [k[0] for k in key(clean)] == [6, 2]
