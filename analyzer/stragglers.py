@@ -1,8 +1,9 @@
 """Straggler ranks: every rank that makes its peers wait, tested over time, and why.
 
 Input: ``collective_records`` of one communicator (NCCL Inspector, Kineto), grouped into instances
-by :func:`analyzer.collectives.rank_waits` (the same collective, same ``coll_sn``, on every rank).
-The causes are read from the culprit GPU's telemetry (:mod:`analyzer.straggler_causes`).
+(the same ``coll_sn`` ≥ 0 on ≥ 2 ranks, as in :mod:`analyzer.collectives`); the arithmetic is in
+:mod:`analyzer.straggler_stats`, the causes are read from the culprit GPU's telemetry by
+:mod:`analyzer.straggler_causes`.
 
 Rule for "straggler" (defaults in :class:`Thresholds`):
 
@@ -20,7 +21,8 @@ Rule for "straggler" (defaults in :class:`Thresholds`):
 3. Test (no threshold on one window): per instance a rank's arrival order, tied ranks
    averaged, scaled to ``u ∈ [0, 1]`` (0 first, 1 last). A rank no different from its peers
    has ``E[u] = 1/2`` and ``Var[u] = (n+1) / (12 (n−1))`` in every instance, independently, so
-   over ``k`` instances ``z = Σ(u − 1/2) / √ΣVar`` is standard normal; p = P(Z ≥ z).
+   over ``k`` instances ``z = Σ(u − 1/2) / √ΣVar`` is standard normal; p = P(Z ≥ z). (Ties
+   make the true variance smaller, so the test is then conservative.)
 4. Windows of ``window_s`` on each instance's earliest start (else its dump time); a window is
    evaluated when it holds ≥ ``min_instances`` instances. Every (rank, window) is tested
    (rule 3), and every rank over the whole span (pooled). False discoveries are controlled with
