@@ -422,3 +422,21 @@ def test_row_order_and_junk_rows_change_nothing() -> None:
                 for s in find_stragglers(rec, TH)]  # fmt: skip
 
     assert key(messy) == key(clean) and [k[0] for k in key(clean)] == [6, 2]
+
+
+def test_tp2_backed_by_its_own_history() -> None:
+    """TP2 across two hosts; only host B (rank 1) is scraped. Its GPU's clock reads 1,584 MHz in
+    seconds 16–24 and 1,980 MHz before and after, and rank 1 is 25 % slow exactly then (windows
+    8–11). With no peer telemetry, the drop against its own history backs the verdict:
+    intermittent, gpu_throttled, the clock's own history shown."""
+
+    def clock(t: np.ndarray) -> np.ndarray:
+        return np.where((t >= 16) & (t < 24), 1584.0, 1980.0)
+
+    g = Group(n_ranks=2, slow={1: 1.25}, when={1: {8, 9, 10, 11}}, hosts=["hostA", "hostB"])
+    found = judge(g, gpu=telemetry([("hostB", 0)], {("hostB", 0): {"sm_clock_mhz": clock}}))
+    assert [(s["rank"], s["host"], s["kind"], s["cause"]) for s in found] == [
+        (1, "hostB", "intermittent", "gpu_throttled")]  # fmt: skip
+    assert found[0]["flagged_windows"] == [W0 + w for w in (8, 9, 10, 11)]
+    c = ev(found[0], "sm_clock_mhz")
+    assert (c["culprit"], c["peers_median"], c["own_history"]) == (1584.0, None, 1980.0)
