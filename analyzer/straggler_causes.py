@@ -489,13 +489,19 @@ def explain(
     origin: str | None,
     rank: int,
     th: CauseThresholds,
+    cache: dict[Any, Telemetry] | None = None,
 ) -> Verdict:
-    """Rules 1–14 for one named rank."""
+    """Rules 1–14 for one named rank. ``cache`` keeps the samples read for one set of hosts and
+    time range, so the ranks of one communicator share one query."""
     hosts = sorted({culprit[0], *(p[0] for p in peers)})
     allspans = spans + history
     lo = min(s[0] for s in allspans) - 3_600 * 10**9 if allspans else 0
     hi = max(s[1] for s in allspans) if allspans else 2**62
-    tel = Telemetry(_series(load_gpu_samples(con, hosts, lo, hi)))
+    cache = {} if cache is None else cache
+    key = (tuple(hosts), lo, hi)
+    if key not in cache:
+        cache[key] = Telemetry(_series(load_gpu_samples(con, hosts, lo, hi)))
+    tel = cache[key]
     if not any(_in(ts, spans).any() for (h, g, _, _), (ts, _v) in tel.series.items() if (h, g) == culprit):
         spans, history = [(0, 2**62)], []  # no sample inside the slow windows: judge on all of them
     rows = evidence_rows(tel, culprit, peers, spans, history)

@@ -296,10 +296,12 @@ def root_cause(
     mapping: dict[int, tuple[str, int]] | None = None,
     th: Thresholds | None = None,
     gpus_of_comm: tuple[dict[int, tuple[str, int]], str] | None = None,
+    cache: dict[Any, Any] | None = None,
 ) -> Straggler:
     """Fill ``cause``, ``causes``, ``evidence``, ``host``/``gpu`` of ``s`` in place; with two
     ranks ``backed`` says whether the telemetry backs the verdict (rule 7). ``gpus_of_comm``:
-    :func:`rank_gpus` of the communicator when the caller has it already."""
+    :func:`rank_gpus` of the communicator when the caller has it already; ``cache``: telemetry
+    already read for the communicator's GPUs (filled here)."""
     th = th or Thresholds()
     gpus, how = gpus_of_comm or rank_gpus(con, origin, mapping, s.comm_id or None)
     s.mapping = how
@@ -314,7 +316,7 @@ def root_cause(
     first, last = s.evaluated_span or [min(s.flagged_windows, default=0), max(s.flagged_windows, default=0)]
     rest = sorted(set(range(first, last + 1)) - set(s.flagged_windows))
     history = [(e["start_ns"], e["end_ns"]) for e in episodes(rest, th.window_s)]
-    verdict = causes.explain(con, (s.host, s.gpu), peers, slow, history, origin, s.rank, th)
+    verdict = causes.explain(con, (s.host, s.gpu), peers, slow, history, origin, s.rank, th, cache)
     s.cause, s.causes, s.evidence = verdict.cause, verdict.causes, verdict.evidence
     s.backed = s.n_ranks > 2 or verdict.cause != "unexplained"
     return s
@@ -329,10 +331,11 @@ def _judged(
 ) -> list[dict[str, Any]]:
     out = []
     per_comm: dict[str, tuple[dict[int, tuple[str, int]], str]] = {}
+    telemetry: dict[Any, Any] = {}
     for s in found:
         if s.comm_id not in per_comm:  # one scan of the communicator's records for all its ranks
             per_comm[s.comm_id] = rank_gpus(con, origin, mapping, s.comm_id or None)
-        root_cause(con, s, origin, mapping, th, per_comm[s.comm_id])
+        root_cause(con, s, origin, mapping, th, per_comm[s.comm_id], telemetry)
         if s.backed:
             out.append(asdict(s))
     return out
