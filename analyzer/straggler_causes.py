@@ -217,7 +217,8 @@ def _series(df: pl.DataFrame) -> dict[tuple[str, int, str, int], tuple[np.ndarra
 
 
 def load_gpu_samples(con: duckdb.DuckDBPyConnection, hosts: list[str], lo: int, hi: int) -> pl.DataFrame:
-    """The samples rules 1–4 read for ``hosts`` in ``[lo, hi)`` (all time when none are there)."""
+    """The samples rules 1–4 read for ``hosts`` in ``[lo, hi)``; when none are there (telemetry
+    on another clock), the hosts' last hour of samples."""
     metrics = [*GAUGES, *MASKS, *COUNTERS, "xid_last"]
     sql = (
         "SELECT host, gpu, metric, link, ts_ns, value FROM gpu_samples "
@@ -225,8 +226,10 @@ def load_gpu_samples(con: duckdb.DuckDBPyConnection, hosts: list[str], lo: int, 
     )
     got = con.execute(sql + " AND ts_ns >= ? AND ts_ns < ?", [metrics, hosts, lo, hi]).to_arrow_table()
     df: pl.DataFrame = pl.from_arrow(got)  # type: ignore[assignment]
-    if df.height == 0:  # telemetry outside the collectives' time (another clock): use all of it
-        df = pl.from_arrow(con.execute(sql, [metrics, hosts]).to_arrow_table())  # type: ignore[assignment]
+    if df.height == 0:  # telemetry outside the collectives' time (another clock): its last hour
+        last = sql + " AND ts_ns >= (SELECT max(ts_ns) FROM gpu_samples WHERE list_contains(?, host)) - ?"
+        got = con.execute(last, [metrics, hosts, hosts, 3_600 * 10**9]).to_arrow_table()
+        df = pl.from_arrow(got)  # type: ignore[assignment]
     return df
 
 
