@@ -223,11 +223,19 @@ def _gpu_bins(
 
 
 def elasticity(x: np.ndarray, y: np.ndarray) -> float | None:
-    """OLS slope of log y on log x (how y scales with x); None with < 3 usable points."""
+    """Theil-Sen slope of log y on log x (how y scales with x): the median of the slopes between
+    every pair of points with distinct x, so a single outlier bin moves it by at most one rank;
+    None with < 3 usable points."""
     ok = (x > 0) & (y > 0) & np.isfinite(x) & np.isfinite(y)
     if ok.sum() < 3 or np.ptp(np.log(x[ok])) <= 0:
         return None
-    return float(np.polyfit(np.log(x[ok]), np.log(y[ok]), 1)[0])
+    lx, ly = np.log(x[ok]), np.log(y[ok])
+    i, j = np.triu_indices(len(lx), k=1)
+    dx = lx[j] - lx[i]
+    keep = np.abs(dx) > 1e-12
+    if not keep.any():
+        return None
+    return float(np.median((ly[j] - ly[i])[keep] / dx[keep]))
 
 
 def network_signals(bins: pl.DataFrame, th: Thresholds) -> dict[str, float | None]:

@@ -2,14 +2,21 @@
 
 Input: a DuckDB connection over the store, a :class:`~analyzer.deployments.Deployment`, a window,
 :class:`~analyzer.thresholds.Thresholds`, and two optional injected callables (collective
-evidence, model-expected latency). Output: a :class:`Verdict` (primary zone, secondary zone,
+evidence, model-expected latency). Output: a :class:`Verdict` (primary state, secondary zone,
 confidence, scores, every signal used as an :class:`Evidence` row, and what was missing).
 
+States: ``compute``, ``hbm_bandwidth``, ``kv_capacity``, ``network`` (the four walls),
+``headroom`` (positive evidence of slack), ``saturated`` (requests queue but no wall is
+identified) and ``unknown`` (the evidence that would decide is missing, named in ``missing``).
+
 The rule (``th`` = the Thresholds in force; every number below is a field there):
- 1. Signals are window means over the deployment's own GPUs and engine series: DCGM SM, tensor
-    and DRAM activity; engine KV usage, running, waiting; counter rates (preemptions, tokens);
+ 1. Signals are means over the deployment's own GPUs and engine series: DCGM SM, tensor and
+    DRAM activity; engine KV usage, running, waiting; counter rates (preemptions, tokens);
     queue share of TTFT = mean queue time / mean TTFT (``_sum``/``_count`` counters); TTFT/ITL
-    quantiles from histogram buckets (bucket estimates, reported as such).
+    quantiles from histogram buckets (bucket estimates, reported as such). On a ramp (the last
+    quarter of ``bin_s`` bins runs ≥ ``ramp_min_ratio`` × the first quarter's requests) the GPU and
+    engine means are taken over the high-load bins (running ≥ the median bin), so a window is
+    judged at the load it reached, not diluted by its start.
  2. Each check is ``pass`` (threshold met), ``near`` (within ``near_fraction`` of it), ``fail``,
     or ``n/a`` (its source is missing or the window holds too little variation).
  3. compute: tensor ≥ ``compute_tensor_min_ratio``; SM ≥ ``compute_sm_min_ratio``, which counts
@@ -18,22 +25,40 @@ The rule (``th`` = the Thresholds in force; every number below is a field there)
     tensor < ``hbm_tensor_max_ratio`` — the last two count only while DRAM is busy.
  5. kv_capacity: KV usage ≥ ``kv_usage_min_ratio``; preemptions/s > ``kv_preemptions_min_per_s``;
     waiting/running ≥ ``kv_waiting_min_ratio``; queue share of TTFT ≥ ``kv_queue_share_min_ratio``.
- 6. network: exposed collective share ≥ ``net_collective_share_min_ratio``; busbw / capability ≤
-    ``net_busbw_max_ratio``; and the four signals of REFERENCE §6, over ``bin_s`` bins:
-    (a) slope d log ITL p99 / d log running ≥ ``net_latency_slope_min`` while GPUs unsaturated
-    (SM and DRAM < ``net_unsaturated_max_ratio``); (b) p50-p99 gap widening: (p99/p50 − 1) in the
-    high-load half of bins ÷ low-load half ≥ ``net_gap_widening_min_ratio``; (c) throughput
-    elasticity d log tokens/s / d log running < ``net_throughput_elasticity_max`` while
-    unsaturated; (d) decode stalls: ITL p99/p50 ≥ ``net_decode_stall_min_ratio``; and, when a
-    latency model is given, measured/expected ITL ≥ ``net_model_excess_min_ratio`` while
-    unsaturated. (a) and (c) are ``n/a`` when running varies less than ``net_min_load_spread_ratio``.
- 7. A zone's score = (passes + ½ nears) / judged checks (``n/a`` excluded); a zone with no judged
-    check has no score and its sources are named in ``missing``.
- 8. primary = the best score ≥ ``zone_min_score``, else ``headroom``; secondary = the next best
-    score ≥ ``secondary_min_score`` (for headroom: the best zone at or above it).
- 9. confidence = base × (0.75 + 0.25 × margin) − penalties, clipped to [0.05, 0.99]; base = the
-    primary score (headroom: 1 − best zone score); margin = base − next score; penalties per
-    missing source: no DCGM, no collective records, no histograms, no engine series.
+    The two queueing checks count for KV only under KV pressure (usage within ``near_fraction``
+    of its threshold, or preemptions): queueing alone is the symptom of whichever wall binds.
+ 6. network is judged only when the network is in the critical path (:mod:`analyzer.critical_path`:
+    a TP/PP/EP group or a prefill→decode KV transfer that crosses nodes). Otherwise collective
+    time is reported as fabric overhead (``info``) and the zone is unjudged. When it is judged:
+    level checks — exposed collective share of the crossing communicators ≥
+    ``net_collective_share_min_ratio``; GPUs unsaturated (SM and DRAM < ``net_unsaturated_max_ratio``);
+    measured mean ITL ÷ the model's ITL for the same batch with the group inside one NVLink
+    domain ≥ ``net_single_domain_excess_min_ratio`` (what the network costs each step); for P/D,
+    waiting share of TTFT ≥ ``pd_wait_share_min_ratio`` and the spans' KV-transfer share of TTFT ≥
+    ``pd_kv_transfer_share_min_ratio``. Change-with-load checks over ``bin_s`` bins (REFERENCE's
+    four signals): (a) slope d log ITL p99 / d log running ≥ ``net_latency_slope_min`` while
+    unsaturated; (b) p50-p99 gap widening ≥ ``net_gap_widening_min_ratio``; (c) throughput
+    elasticity < ``net_throughput_elasticity_max`` while unsaturated — ``n/a`` when running varies
+    less than ``net_min_load_spread_ratio``. Slopes are Theil-Sen (median of pairwise slopes), so
+    one outlier bin cannot make or break them. busbw/capability, ITL p99/p50 and measured/expected
+    ITL are ``info``: latency-bound small messages always sit far below link peak, a saturated
+    link sits near it, and chunked prefill alone widens p99/p50.
+ 7. A zone's score = (passes + ½ nears) / judged checks (``n/a`` excluded), and for network
+    (1 − ``net_change_weight``) × level score + ``net_change_weight`` × change score when change
+    checks were judged. A zone with fewer than ``zone_min_checks`` judged checks has no score.
+ 8. primary: KV capacity when it scores ≥ ``zone_min_score`` with KV pressure and queueing (full
+    KV pool turning requests away binds admission whatever the GPUs do); else the best score ≥
+    ``zone_min_score``. Scores within ``zone_tie_margin`` of the best are a near-tie: ``ambiguous``
+    lists them and the label says "ambiguous: X or Y"; the primary among them is the one whose
+    own deciding signal is furthest past its threshold (never the zone name). With no zone at
+    ``zone_min_score``: ``saturated`` when requests queue (waiting/running ≥
+    ``kv_waiting_min_ratio``, queue share of TTFT ≥ ``kv_queue_share_min_ratio``, or TTFT p99 over
+    its SLO), ``unknown`` when DCGM activity or engine series are missing (no positive evidence of
+    slack), else ``headroom``.
+ 9. secondary = the next best score ≥ ``secondary_min_score``. confidence = base × (0.75 + 0.25 ×
+    margin) − penalties, clipped to [0.05, 0.99]; base = the primary score (headroom: 1 − best
+    zone score; saturated: 0.5; unknown: 0.2); margin = base − next score; penalties per missing
+    source: no DCGM, no collective records, no histograms, no engine series.
 """
 
 from __future__ import annotations
@@ -44,14 +69,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import duckdb
+import numpy as np
 import polars as pl
 
+from analyzer.critical_path import CriticalPath, critical_path
 from analyzer.crossover import collective_evidence, load_bins, network_signals
 from analyzer.deployments import ENGINE_KEY_SQL, Deployment
 from analyzer.latency import NS, counter_increases, window_means, window_quantiles
 from analyzer.thresholds import Thresholds
 
 ZONES = ("compute", "hbm_bandwidth", "kv_capacity", "network")
+STATES = (*ZONES, "headroom", "saturated", "unknown")
 GPU_METRICS = ("sm_active_ratio", "tensor_active_ratio", "dram_active_ratio", "fb_used_bytes")
 GAUGES = ("requests_running", "requests_waiting", "kv_usage_ratio")
 COUNTERS = ("preemptions_total", "prompt_tokens_total", "generation_tokens_total")
@@ -60,7 +88,8 @@ NetworkEvidence = Callable[[duckdb.DuckDBPyConnection, Deployment, int, int], Ma
 """Injected collective evidence: keys ``collective_share_ratio``, ``busbw_ratio`` (optional)."""
 ExpectedLatency = Callable[[Deployment, Mapping[str, float]], Mapping[str, float] | None]
 """Injected latency model: load ``{running, prompt_tokens_per_request, kv_usage_ratio}`` →
-``{itl_s, ttft_s}``."""
+``{itl_s, ttft_s}`` and, where the model can say, ``itl_single_domain_s`` (the same batch with
+the whole group inside one NVLink domain)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +121,9 @@ class Verdict:
     evidence: list[Evidence]
     missing: list[str]
     notes: list[str] = field(default_factory=list)
+    label: str = ""
+    ambiguous: list[str] = field(default_factory=list)
+    critical_path: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -116,6 +148,10 @@ class Signals:
     collectives_source: str = ""
     expected: dict[str, float] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    path: CriticalPath = field(default_factory=CriticalPath)
+    judged_from_ns: int | None = None  # rule 1's high-load start on a ramp
+    kv_transfer_share: float | None = None  # P/D: KV-transfer share of TTFT from spans
+    ttft_slo_s: float | None = None
 
 
 # --------------------------------------------------------------------------------------------- gather
@@ -131,19 +167,53 @@ def gather(
 ) -> Signals:
     """Rule 1: read the window's signals for ``dep`` (every read is one SQL statement)."""
     keys = list(dep.engine_keys)
-    sig = Signals()
-    sig.gpu = _gpu_means(con, dep, start_ns, end_ns)
-    sig.engine = _engine_window(con, keys, start_ns, end_ns, th)
+    sig = Signals(ttft_slo_s=dep.ttft_slo_s)
+    sig.bins = load_bins(con, dep, start_ns, end_ns, th)
+    sig.judged_from_ns = _ramp_start(sig.bins, start_ns, th)
+    from_ns = sig.judged_from_ns or start_ns
+    sig.gpu = _gpu_means(con, dep, from_ns, end_ns)
+    sig.engine = _engine_window(con, keys, from_ns, end_ns, th)
     wq = window_quantiles(con, start_ns, end_ns, keys=keys, lookback_s=th.counter_lookback_s)
     sig.quantiles = {c: {q: x.value_s for q, x in d.items()} for c, d in wq.items()}
-    sig.means = window_means(con, start_ns, end_ns, keys=keys, lookback_s=th.counter_lookback_s)
-    sig.bins = load_bins(con, dep, start_ns, end_ns, th)
+    sig.means = window_means(con, from_ns, end_ns, keys=keys, lookback_s=th.counter_lookback_s)
     sig.collectives, sig.collectives_source = collective_evidence(
         con, dep, start_ns, end_ns, network_evidence
     )
+    sig.path = critical_path(con, dep, start_ns, end_ns)
+    if sig.path.kv_transfer_crosses_nodes:
+        sig.kv_transfer_share = _kv_transfer_share(con, dep, start_ns, end_ns)
     sig.expected = _expected(dep, sig, expected_latency)
     sig.missing = _missing(sig, dep, network_evidence, expected_latency)
     return sig
+
+
+def _ramp_start(bins: pl.DataFrame, start_ns: int, th: Thresholds) -> int | None:
+    """Rule 1's ramp test: the start of the first high-load bin, or None for a steady window."""
+    if bins.is_empty() or "running" not in bins.columns:
+        return None
+    b = bins.drop_nulls(["running"]).sort("bin")
+    n = b.height
+    if n < 8:
+        return None
+    run = b["running"].to_numpy()
+    q = max(n // 4, 1)
+    first, last = float(run[:q].mean()), float(run[-q:].mean())
+    if last < th.ramp_min_ratio * max(first, 1e-9) or last <= 0:
+        return None
+    high = b.filter(pl.col("running") >= float(np.median(run)))
+    return start_ns + int(high["bin"].to_numpy().min()) * int(th.bin_s * NS)
+
+
+def _kv_transfer_share(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int
+) -> float | None:
+    """Mean KV-transfer time ÷ mean TTFT over the window's request spans (None without spans)."""
+    from analyzer.phases import request_phases
+
+    try:
+        return request_phases(con, dep, start_ns, end_ns).kv_transfer_share_of_ttft
+    except (duckdb.Error, KeyError, ValueError):
+        return None
 
 
 def _gpu_means(
@@ -234,6 +304,7 @@ class _Checks:
     def __init__(self, th: Thresholds) -> None:
         self.th = th
         self.rows: list[Evidence] = []
+        self.change: set[int] = set()  # indexes of rule 6's change-with-load rows
 
     def check(
         self,
@@ -247,7 +318,10 @@ class _Checks:
         source: str,
         note: str = "",
         gate: str | None = None,
+        change: bool = False,
     ) -> None:
+        if change:
+            self.change.add(len(self.rows))
         verdict = _grade(value, threshold, self.th.near_fraction, above=above)
         if gate is not None and verdict in ("pass", "near"):
             verdict, note = "fail", gate
@@ -263,12 +337,35 @@ class _Checks:
     ) -> None:
         self.rows.append(Evidence(signal, zone, _round(value), unit, "", None, "info", source, note))
 
-    def score(self, zone: str) -> float | None:
-        judged = [e for e in self.rows if e.zone == zone and e.verdict in ("pass", "near", "fail")]
-        if not judged:
+    def _mean(self, rows: list[Evidence]) -> float | None:
+        if not rows:
             return None
-        got = sum(1.0 if e.verdict == "pass" else 0.5 if e.verdict == "near" else 0.0 for e in judged)
-        return round(got / len(judged), 3)
+        return sum(1.0 if e.verdict == "pass" else 0.5 if e.verdict == "near" else 0.0 for e in rows) / len(
+            rows
+        )
+
+    def score(self, zone: str) -> float | None:
+        """Rule 7."""
+        judged = [
+            (i, e)
+            for i, e in enumerate(self.rows)
+            if e.zone == zone and e.verdict in ("pass", "near", "fail")
+        ]
+        if len(judged) < self.th.zone_min_checks:
+            return None
+        level = self._mean([e for i, e in judged if i not in self.change])
+        change = self._mean([e for i, e in judged if i in self.change])
+        if level is None:
+            got = change
+        elif change is None:
+            got = level
+        else:
+            w = self.th.net_change_weight
+            got = (1 - w) * level + w * change
+        return None if got is None else round(got, 3)
+
+    def value(self, zone: str, signal: str) -> Evidence | None:
+        return next((e for e in self.rows if e.zone == zone and e.signal == signal), None)
 
 
 def _round(v: float | None) -> float | None:
@@ -288,39 +385,138 @@ def classify(sig: Signals, th: Thresholds, deployment: str, start_ns: int, end_n
     _network_checks(c, sig)
     _latency_info(c, sig)
     scores = {z: c.score(z) for z in ZONES}
-    primary, secondary, base, margin = _pick(scores, th)
+    pick = _pick(scores, c, sig, th)
     penalties = _penalties(sig, th)
-    conf = min(max(base * (0.75 + 0.25 * margin) - sum(penalties.values()), 0.05), 0.99)
+    conf = min(max(pick.base * (0.75 + 0.25 * pick.margin) - sum(penalties.values()), 0.05), 0.99)
     notes = [
-        f"confidence = {base:.2f} × (0.75 + 0.25 × {margin:.2f}) − {sum(penalties.values()):.2f} "
-        f"({', '.join(penalties) or 'no penalties'})"
+        f"confidence = {pick.base:.2f} × (0.75 + 0.25 × {pick.margin:.2f}) − {sum(penalties.values()):.2f} "
+        f"({', '.join(penalties) or 'no penalties'})",
+        *pick.notes,
     ]
-    notes += [f"zone {z} unjudged: no source for any of its checks" for z, s in scores.items() if s is None]
+    notes += [
+        f"zone {z} unjudged: fewer than {th.zone_min_checks} of its checks had a source"
+        for z, sc in scores.items()
+        if sc is None and not (z == "network" and not sig.path.network_in_path)
+    ]
+    if sig.judged_from_ns is not None:
+        notes.append(
+            f"load ramps inside the window: GPU and engine means over its high-load part "
+            f"(the last {(end_ns - sig.judged_from_ns) / NS:.0f} s)"
+        )
+    missing = list(sig.missing) + pick.missing
     return Verdict(
-        deployment,
-        start_ns,
-        end_ns,
-        primary,
-        secondary,
-        round(conf, 3),
-        scores,
-        c.rows,
-        list(sig.missing),
-        notes,
-    )
+        deployment, start_ns, end_ns, pick.primary, pick.secondary, round(conf, 3), scores, c.rows,
+        missing, notes, pick.label, pick.ambiguous, sig.path.as_dict(),
+    )  # fmt: skip
 
 
-def _pick(scores: dict[str, float | None], th: Thresholds) -> tuple[str, str | None, float, float]:
+@dataclass
+class _Pick:
+    primary: str
+    secondary: str | None
+    base: float
+    margin: float
+    label: str
+    ambiguous: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+
+# Rule 8's tie-break: each zone's deciding signal and its threshold field (how far past it).
+_DECIDING = {
+    "compute": ("tensor_active_ratio", "compute_tensor_min_ratio"),
+    "hbm_bandwidth": ("dram_active_ratio", "hbm_dram_min_ratio"),
+    "kv_capacity": ("kv_usage_ratio", "kv_usage_min_ratio"),
+    "network": ("collective_share_ratio", "net_collective_share_min_ratio"),
+}
+
+
+def _past_threshold(zone: str, c: _Checks) -> float:
+    signal, field_name = _DECIDING[zone]
+    e = c.value(zone, signal)
+    limit = float(getattr(c.th, field_name))
+    if e is None or e.value is None or limit <= 0:
+        return 0.0
+    return float(e.value) / limit
+
+
+def queueing(sig: Signals, th: Thresholds) -> list[str]:
+    """Rule 8's queueing test: the reasons requests are seen queueing (empty: none)."""
+    out = []
+    e = sig.engine
+    waiting = _ratio(e.get("requests_waiting"), max(e.get("requests_running", 0.0), 1.0)) if e else None
+    if waiting is not None and waiting >= th.kv_waiting_min_ratio:
+        out.append(f"waiting/running {waiting:.2f} ≥ {th.kv_waiting_min_ratio:g}")
+    share = _ratio(sig.means.get("queue_seconds"), sig.means.get("ttft_seconds"))
+    if share is not None and share >= th.kv_queue_share_min_ratio:
+        out.append(f"queue share of TTFT {min(share, 1.0):.2f} ≥ {th.kv_queue_share_min_ratio:g}")
+    p99 = sig.quantiles.get("ttft_seconds", {}).get(0.99)
+    if sig.ttft_slo_s and p99 is not None and p99 > sig.ttft_slo_s:
+        out.append(f"TTFT p99 {p99:.3g} s over its SLO {sig.ttft_slo_s:g} s")
+    return out
+
+
+def _kv_binding(c: _Checks) -> bool:
+    usage, pre = c.value("kv_capacity", "kv_usage_ratio"), c.value("kv_capacity", "preemptions_per_s")
+    waiting = c.value("kv_capacity", "waiting_over_running")
+    share = c.value("kv_capacity", "queue_share_of_ttft")
+    pressure = usage is not None and usage.verdict == "pass"
+    turned_away = any(e is not None and e.verdict == "pass" for e in (pre, waiting, share))
+    return pressure and turned_away
+
+
+def _pick(scores: dict[str, float | None], c: _Checks, sig: Signals, th: Thresholds) -> _Pick:
     """Rule 8 and the base/margin of rule 9."""
-    ranked = sorted(((s, z) for z, s in scores.items() if s is not None), reverse=True)
-    best = ranked[0] if ranked else (0.0, "")
-    if best[0] >= th.zone_min_score:
-        nxt = ranked[1] if len(ranked) > 1 else (0.0, "")
+    judged = {z: sc for z, sc in scores.items() if sc is not None}
+    best = max(judged.values(), default=0.0)
+    if best >= th.zone_min_score:
+        contenders = [
+            z for z, sc in judged.items() if sc >= th.zone_min_score and best - sc <= th.zone_tie_margin
+        ]
+        contenders.sort(key=lambda z: (-(judged[z] or 0.0), -_past_threshold(z, c), ZONES.index(z)))
+        notes: list[str] = []
+        primary = contenders[0]
+        if (judged.get("kv_capacity") or 0.0) >= th.zone_min_score and _kv_binding(c):
+            if primary != "kv_capacity":
+                notes.append(
+                    f"kv_capacity over {primary}: the KV pool is full and turns requests away, "
+                    "so it binds admission whatever the GPUs do"
+                )
+            primary = "kv_capacity"
+            contenders = [primary] + [z for z in contenders if z != primary]
+        ambiguous = contenders if len(contenders) > 1 and not notes else []
+        rest = sorted(
+            ((sc, z) for z, sc in judged.items() if z != primary), key=lambda t: (-t[0], ZONES.index(t[1]))
+        )
+        nxt = rest[0] if rest else (0.0, None)
         secondary = nxt[1] if nxt[0] >= th.secondary_min_score else None
-        return best[1], secondary, best[0], best[0] - nxt[0]
-    secondary = best[1] if best[0] >= th.secondary_min_score else None
-    base = 1.0 - best[0]
-    return "headroom", secondary, base, base - best[0]
+        label = "ambiguous: " + " or ".join(ambiguous) if ambiguous else primary
+        base = judged[primary] or 0.0
+        return _Pick(primary, secondary, base, max(base - nxt[0], 0.0), label, ambiguous, notes)
+    runner = max(judged.items(), key=lambda t: (t[1], -ZONES.index(t[0])), default=(None, 0.0))
+    secondary = runner[0] if runner[1] >= th.secondary_min_score else None
+    why_queue = queueing(sig, th)
+    gpu_missing = "sm_active_ratio" not in sig.gpu or "dram_active_ratio" not in sig.gpu
+    identify = []
+    if gpu_missing:
+        identify.append(
+            "dcgm: DCGM_FI_PROF_SM_ACTIVE, DCGM_FI_PROF_PIPE_TENSOR_ACTIVE and DCGM_FI_PROF_DRAM_ACTIVE "
+            "(compute or HBM bandwidth)"
+        )
+    if not sig.collectives and sig.path.network_in_path:
+        identify.append("collectives: NCCL Inspector records of the groups that cross nodes (network)")
+    if why_queue:
+        label = "saturated — wall not identified"
+        notes = [f"requests queue ({'; '.join(why_queue)}) but no wall reaches {th.zone_min_score:g}"]
+        if identify:
+            notes.append("would identify the wall: " + "; ".join(identify))
+        return _Pick("saturated", secondary, 0.5, 0.5 - runner[1], label, notes=notes, missing=identify)
+    if gpu_missing or not sig.engine:
+        need = identify + ([] if sig.engine else ["engine: requests_running/waiting and KV usage"])
+        notes = ["no positive evidence of slack: " + "; ".join(need)]
+        return _Pick("unknown", secondary, 0.2, 0.2, "unknown — missing evidence", notes=notes, missing=need)
+    base = 1.0 - runner[1]
+    return _Pick("headroom", secondary, base, base - runner[1], "headroom")
 
 
 def _penalties(sig: Signals, th: Thresholds) -> dict[str, float]:
@@ -421,6 +617,15 @@ def _kv_checks(c: _Checks, sig: Signals) -> None:
         above=True,
         source="engine preemptions_total rate",
     )
+    usage, pre = e.get("kv_usage_ratio"), e.get("preemptions_per_s")
+    pressure = (usage is not None and usage >= th.kv_usage_min_ratio * th.near_fraction) or (
+        pre is not None and pre > th.kv_preemptions_min_per_s
+    )
+    gate = (
+        None
+        if pressure
+        else "queueing without KV pressure (KV not full, no preemptions): another wall's symptom"
+    )
     waiting = _ratio(e.get("requests_waiting"), max(e.get("requests_running", 0.0), 1.0)) if e else None
     c.check(
         "kv_capacity",
@@ -430,6 +635,7 @@ def _kv_checks(c: _Checks, sig: Signals) -> None:
         th.kv_waiting_min_ratio,
         above=True,
         source="engine requests_waiting / requests_running (window means, summed over engines)",
+        gate=gate,
     )
     share = _ratio(sig.means.get("queue_seconds"), sig.means.get("ttft_seconds"))
     c.check(
@@ -440,6 +646,7 @@ def _kv_checks(c: _Checks, sig: Signals) -> None:
         th.kv_queue_share_min_ratio,
         above=True,
         source="engine queue_seconds_sum/_count ÷ ttft_seconds_sum/_count (exact means)",
+        gate=gate,
     )
 
 
@@ -451,35 +658,84 @@ def _unsaturated(sig: Signals, th: Thresholds) -> bool | None:
 
 
 def _network_checks(c: _Checks, sig: Signals) -> None:
-    th, col = c.th, sig.collectives
+    """Rule 6."""
+    th, col, path = c.th, sig.collectives, sig.path
     src = sig.collectives_source or "collective records"
+    if not path.network_in_path:
+        share = path.fabric_share if path.fabric_share is not None else col.get("collective_share_ratio")
+        c.info(
+            "network", "fabric_collective_share_ratio", share, "ratio", src,
+            note=f"network not in the critical path ({path.why or 'single GPU'}): collective time inside "
+            "one NVLink domain is fabric overhead of the layout, not the network wall",
+        )  # fmt: skip
+        if col.get("busbw_ratio") is not None:
+            c.info("network", "busbw_over_capability", col.get("busbw_ratio"), "ratio", src,
+                   note=f"busbw {col.get('busbw_gbs')} GB/s vs {col.get('capability_gbs')} GB/s")  # fmt: skip
+        return
+    unsat = _unsaturated(sig, th)
+    gate = "GPUs saturated: latency/throughput bend explained by compute or HBM" if unsat is False else None
+    injected = "injected" in sig.collectives_source
+    crossing = path.network_share if path.comms and not injected else col.get("collective_share_ratio")
     c.check(
         "network",
         "collective_share_ratio",
-        col.get("collective_share_ratio"),
+        crossing,
         "ratio",
         th.net_collective_share_min_ratio,
         above=True,
-        source=src,
+        source=(src + "; communicators that cross nodes") if path.comms and not injected else src,
+        note=path.why,
     )
+    sm, dram = sig.gpu.get("sm_active_ratio"), sig.gpu.get("dram_active_ratio")
+    busiest = None if sm is None else max(sm, dram or 0.0)
     c.check(
         "network",
-        "busbw_over_capability",
-        col.get("busbw_ratio"),
-        "ratio",
-        th.net_busbw_max_ratio,
+        "gpus_unsaturated",
+        busiest,
+        "max(SM, DRAM) activity",
+        th.net_unsaturated_max_ratio,
         above=False,
-        source=src,
-        note=f"busbw {col.get('busbw_gbs')} GB/s vs {col.get('capability_gbs')} GB/s" if col else "",
+        source="dcgm SM_ACTIVE, DRAM_ACTIVE (means over GPUs)",
+        note="the GPUs wait on something: they are not the wall",
     )
-    unsat = _unsaturated(sig, th)
-    gate = (
-        None
-        if unsat
-        else (
-            "GPUs saturated: latency/throughput bend explained by compute or HBM" if unsat is False else None
+    single = sig.expected.get("itl_single_domain_s")
+    c.check(
+        "network",
+        "itl_over_single_domain_model",
+        _ratio(sig.means.get("itl_seconds"), single),
+        "ratio",
+        th.net_single_domain_excess_min_ratio,
+        above=True,
+        gate=gate,
+        source="mean ITL (_sum/_count) ÷ analyzer.perf ITL for this batch with the group inside "
+        "one NVLink domain",
+        note="what crossing nodes costs each decode step"
+        if single
+        else "no latency model for this deployment",
+    )
+    if path.kv_transfer_crosses_nodes:
+        kv_full = (sig.engine.get("kv_usage_ratio") or 0.0) >= th.kv_usage_min_ratio
+        wait = _ratio(sig.means.get("queue_seconds"), sig.means.get("ttft_seconds"))
+        c.check(
+            "network",
+            "pd_wait_share_of_ttft",
+            None if wait is None else min(wait, 1.0),
+            "ratio",
+            th.pd_wait_share_min_ratio,
+            above=True,
+            gate=gate or ("KV pool full: the wait is for KV blocks" if kv_full else None),
+            source="engine queue_seconds ÷ ttft_seconds (means): requests deferred while their KV "
+            "cache crosses nodes",
         )
-    )
+        c.check(
+            "network",
+            "kv_transfer_share_of_ttft",
+            sig.kv_transfer_share,
+            "ratio",
+            th.pd_kv_transfer_share_min_ratio,
+            above=True,
+            source="request spans: mean KV-transfer time ÷ mean TTFT",
+        )
     ns = network_signals(sig.bins, th)
     why = "" if ns["load_spread"] is None or ns["latency_slope"] is not None else "load too steady to fit"
     if unsat is None:
@@ -495,7 +751,8 @@ def _network_checks(c: _Checks, sig: Signals) -> None:
         above=True,
         gate=gate,
         note=why,
-        source=f"ITL p99 per {th.bin_s:g} s bin vs requests_running" + gate_src,
+        source=f"ITL p99 per {th.bin_s:g} s bin vs requests_running, Theil-Sen" + gate_src,
+        change=True,
     )
     c.check(
         "network",
@@ -506,6 +763,7 @@ def _network_checks(c: _Checks, sig: Signals) -> None:
         above=True,
         source="(ITL p99/p50 − 1) high-load bins ÷ low-load bins",
         note=why,
+        change=True,
     )
     c.check(
         "network",
@@ -516,33 +774,33 @@ def _network_checks(c: _Checks, sig: Signals) -> None:
         above=False,
         gate=gate,
         note=why,
-        source="generation tokens/s per bin vs requests_running" + gate_src,
+        source="generation tokens/s per bin vs requests_running, Theil-Sen" + gate_src,
+        change=True,
     )
+    c.info(
+        "network", "busbw_over_capability", col.get("busbw_ratio"), "ratio", src,
+        note=(f"busbw {col.get('busbw_gbs')} GB/s vs {col.get('capability_gbs')} GB/s; " if col else "")
+        + "not a verdict check: small messages are latency-bound far below link peak, "
+        "a saturated link near it",
+    )  # fmt: skip
     itl = sig.quantiles.get("itl_seconds", {})
-    c.check(
-        "network",
-        "decode_stall_ratio",
-        _ratio(itl.get(0.99), itl.get(0.5)),
-        "p99/p50",
-        th.net_decode_stall_min_ratio,
-        above=True,
-        source="ITL histogram (bucket estimates)",
-    )
-    exp_itl = sig.expected.get("itl_s")
-    if exp_itl:
-        c.check(
-            "network",
-            "itl_measured_over_expected",
-            _ratio(sig.means.get("itl_seconds"), exp_itl),
-            "ratio",
-            th.net_model_excess_min_ratio,
-            above=True,
-            gate=gate,
-            source="mean ITL (_sum/_count) ÷ analyzer.perf expected ITL",
-        )
+    c.info(
+        "network", "decode_stall_ratio", _ratio(itl.get(0.99), itl.get(0.5)), "p99/p50",
+        "ITL histogram (bucket estimates)", note="not a verdict check: chunked prefill alone widens it",
+    )  # fmt: skip
+    if sig.expected.get("itl_s"):
+        c.info(
+            "network", "itl_measured_over_expected",
+            _ratio(sig.means.get("itl_seconds"), sig.expected["itl_s"]),
+            "ratio", "mean ITL ÷ analyzer.perf expected ITL (deployment's own layout and fabric)",
+        )  # fmt: skip
     c.info(
         "network", "load_spread", ns["load_spread"], "max/min running over bins", "engine requests_running"
     )
+    if path.fabric_share is not None:
+        c.info("network", "fabric_collective_share_ratio", path.fabric_share, "ratio", src,
+               note="communicators inside one NVLink domain: fabric overhead, "
+               "not network evidence")  # fmt: skip
 
 
 def _latency_info(c: _Checks, sig: Signals) -> None:

@@ -35,19 +35,34 @@ def latest_ns(con: duckdb.DuckDBPyConnection) -> int | None:
 
 
 def expected_latency_for(dep: Deployment) -> Any:
-    """An ``ExpectedLatency`` callable for the envelope, or None when model or GPU is unknown."""
+    """An ``ExpectedLatency`` callable for the envelope, or None when model or GPU is unknown.
+
+    The model gets the deployment's own layout, GPU, node size and inter-node fabric, at the
+    measured running requests per replica and prompt length; ``itl_single_domain_s`` is the same
+    batch with the whole group inside one NVLink domain (what the layout would cost without the
+    network)."""
     try:
         model = modelcfg.load(dep.model)
         gpu = catalog.gpu(dep.gpu_type or "h100_sxm")
+        inter = catalog.fabric(dep.fabric or "ib_ndr")
     except (KeyError, ValueError, OSError):
         return None
     layout = Layout(tp=dep.tp, pp=dep.pp, dp=1, ep=dep.ep)
+    real = perf.Topology.for_gpu(gpu, inter)
+    one_domain = perf.Topology(
+        gpus_per_node=max(layout.gpus_per_replica, dep.ep, gpu.domain_gpus), inter_node=inter
+    )
+    replicas = max(dep.dp, 1)
 
     def expected(_dep: Deployment, load: Mapping[str, float]) -> Mapping[str, float] | None:
-        running = max(1, round(load.get("running") or 1))
+        running = max(1, round((load.get("running") or 1) / replicas))
         isl = max(1, round(load.get("prompt_tokens_per_request") or 1024))
-        est = perf.expected_latency(model, gpu, layout, running, isl, 256)
-        return {"itl_s": est.tpot_s, "ttft_s": est.ttft_s}
+        try:
+            est = perf.expected_latency(model, gpu, layout, running, isl, 256, topo=real)
+            alone = perf.expected_latency(model, gpu, layout, running, isl, 256, topo=one_domain)
+        except (ValueError, ZeroDivisionError):
+            return None
+        return {"itl_s": est.tpot_s, "ttft_s": est.ttft_s, "itl_single_domain_s": alone.tpot_s}
 
     return expected
 
@@ -66,6 +81,28 @@ def straggler_in(
     return {k: top[k] for k in ("rank", "host", "gpu", "kind", "cause", "blame_us")}
 
 
+def deployment_report(
+    con: duckdb.DuckDBPyConnection,
+    dep: Deployment,
+    start_ns: int,
+    end_ns: int,
+    th: Thresholds | None = None,
+    *,
+    history_s: float = 86400.0,
+) -> dict[str, Any]:
+    """The one front door: a deployment's zone verdict with evidence, Cp, headroom and p99
+    regression over ``(start_ns, end_ns]`` under the analysis settings ``th``. Every surface (the
+    CLI, the demo, the API, the page, ``/metrics`` and the refresher) reads verdicts through it, so
+    one store, window and settings give one answer everywhere."""
+    th = th or Thresholds()
+    report = analyze_deployment(
+        con, dep, start_ns, end_ns, th, history_s=history_s, expected_latency=expected_latency_for(dep)
+    )
+    report["regression"] = p99_regression(con, dep, start_ns, end_ns, th).as_dict()
+    report["settings"] = th.model_dump()
+    return report
+
+
 def build_report(
     con: duckdb.DuckDBPyConnection,
     deps: list[Deployment],
@@ -76,13 +113,7 @@ def build_report(
     """The JSON document of ``ioe analyze --json`` (the API serves the same objects)."""
     th = th or Thresholds()
     start_ns = end_ns - int(window_s * NS)
-    out = []
-    for dep in deps:
-        report = analyze_deployment(
-            con, dep, start_ns, end_ns, th, expected_latency=expected_latency_for(dep)
-        )
-        report["regression"] = p99_regression(con, dep, start_ns, end_ns, th).as_dict()
-        out.append(report)
+    out = [deployment_report(con, dep, start_ns, end_ns, th) for dep in deps]
     return {"window": {"start_ns": start_ns, "end_ns": end_ns, "seconds": window_s}, "deployments": out}
 
 

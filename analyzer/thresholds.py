@@ -60,6 +60,23 @@ class Thresholds(BaseModel):
     net_min_load_spread_ratio: float = Field(
         default=1.3, ge=1, description="max/min binned concurrency needed before slopes are judged"
     )
+    net_single_domain_excess_min_ratio: float = Field(
+        default=1.5,
+        ge=1,
+        description="measured ITL ÷ the model's ITL with the group inside one NVLink domain, at or above",
+    )
+    net_change_weight: float = Field(
+        default=0.3,
+        ge=0,
+        le=1,
+        description="weight of the change-with-load checks in the network score (level checks: the rest)",
+    )
+    pd_wait_share_min_ratio: float = Field(
+        default=0.5, ge=0, le=1, description="P/D: waiting share of TTFT at or above (KV-transfer wait)"
+    )
+    pd_kv_transfer_share_min_ratio: float = Field(
+        default=0.3, ge=0, le=1, description="P/D: KV-transfer share of TTFT from spans at or above"
+    )
     # -- verdict ----------------------------------------------------------------------------------
     near_fraction: float = Field(
         default=0.85, gt=0, le=1, description="a value within this fraction counts half"
@@ -69,6 +86,17 @@ class Thresholds(BaseModel):
     )
     secondary_min_score: float = Field(
         default=0.4, ge=0, le=1, description="secondary zone at or above this score"
+    )
+    zone_min_checks: int = Field(
+        default=2, ge=1, description="judged checks a zone needs before it gets a score"
+    )
+    zone_tie_margin: float = Field(
+        default=0.1, ge=0, le=1, description="scores this close are a near-tie, reported as ambiguous"
+    )
+    ramp_min_ratio: float = Field(
+        default=2.0,
+        ge=1,
+        description="a window is a ramp when its last quarter runs this many times its first quarter's load",
     )
     confidence_penalty_no_dcgm: float = Field(default=0.35, ge=0, le=1)
     confidence_penalty_no_collectives: float = Field(default=0.15, ge=0, le=1)

@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl
 from api.limits import ASGIApp, Receive, Scope, Send
 from api.params import NAME_PATTERN, WINDOW_PATTERN, parse_window
 
-_PATH = re.compile(r"/api/v1/deployments/([^/]+)/(envelope|latency)")
+_PATH = re.compile(r"/api/v1/deployments/(.+)/(envelope|latency)")  # names may hold "/"
 _NAME, _WINDOW = re.compile(NAME_PATTERN), re.compile(WINDOW_PATTERN)
 
 

@@ -110,7 +110,9 @@ class Evidence(_M):
 
 class Verdict(_M):
     deployment: str
-    primary: str = Field(description="compute | hbm_bandwidth | kv_capacity | network | headroom")
+    primary: str = Field(
+        description="compute | hbm_bandwidth | kv_capacity | network | headroom | saturated | unknown"
+    )
     secondary: str | None
     confidence: float
     scores: dict[str, float | None]
@@ -118,6 +120,11 @@ class Verdict(_M):
     missing: list[str]
     notes: list[str]
     window: Window
+    label: str = Field("", description='the verdict in words, e.g. "ambiguous: compute or hbm_bandwidth"')
+    ambiguous: list[str] = Field([], description="zones in a near-tie with the primary (best first)")
+    critical_path: dict[str, Any] = Field(
+        {}, description="whether the network is in the critical path, why, and collective time shares"
+    )
 
 
 class CpFit(_M):
@@ -155,6 +162,11 @@ class Regression(_M):
 class LoadPoint(_M):
     concurrency: float
     tokens_per_s_per_gpu: float
+    itl_p99_s: float | None = Field(None, description="ITL p99 in the bin (bucket estimate)")
+
+
+class WindowLoadPoint(LoadPoint):
+    bin_start_ns: int = Field(description="start of the bin (bins end-inclusive, rule 1 of api.service)")
 
 
 class Envelope(_M):
@@ -165,6 +177,10 @@ class Envelope(_M):
     headroom: Headroom
     regression: Regression
     load_curve: list[LoadPoint] = Field(description="per-bin points the Cp fit used (24 h history)")
+    load_points: list[WindowLoadPoint] = Field(
+        [],
+        description="the window's load at chart resolution (complete bins only; warm-up bins left out)",
+    )
     computed_at_s: float = Field(description="Unix time the analysis ran (results are cached briefly)")
 
 
@@ -194,6 +210,7 @@ class Latency(_M):
     note: str
     quantiles: list[Quantile]
     bin_s: float
+    span_s: float = Field(description="each series point covers the trailing span_s ending at its bin")
     series: list[QuantilePoint]
     computed_at_s: float = Field(description="Unix time the analysis ran (results are cached briefly)")
 

@@ -13,25 +13,32 @@ Rules (OTLP specification, REFERENCE §2 "OTLP/HTTP receiver rules"):
   7. Some spans refused (see :mod:`collector.formats.otlp_spans`) → 200 with
      ``partial_success{rejected_spans, error_message}``; the good spans are kept and the
      refused ones are recorded in ``ingest_errors``.
-  8. The sink raises :class:`~collector.sink.Overloaded` → 503 with ``Retry-After``, so the
+  8. The sink raises :class:`~collector.sink.Overloaded`, or the store fails (an I/O error, a full
+     disk, an invalidated database: :mod:`api.faults`) → 503 with ``Retry-After``, so the
      exporter retries; rows are de-duplicated on (trace_id, span_id) when it does.
   9. Error bodies are ``google.rpc.Status`` in the reply content type.
+ 10. At most ``app.state.otlp_in_flight.cap`` exports are read and stored at once; past it the
+     answer is 503 with ``Retry-After`` at once, before the body is read. Every request refused
+     by rules 8 and 10 is counted in ``ioe_api_shed_requests_total{route="otlp"}``.
+ 11. A JSON body nesting too deeply to parse is bad data: 400, never 500.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import zlib
 from typing import Any
 
+import anyio.to_thread
 from fastapi import APIRouter, Request, Response
 from google.protobuf import json_format
 from google.protobuf.message import Message
 from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-from starlette.concurrency import run_in_threadpool
 
 from api.auth import token_problem
+from api.faults import first_line
 from collector.errors import ParseError
 from collector.formats.otlp_spans import SpanRows, decode_json, decode_protobuf, request_rows
 from collector.sink import Overloaded, Sink
@@ -63,7 +70,7 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": f"Missing or wrong bearer token. {_STATUS_DOC}"},
     413: {"description": f"Body larger than otlp.max_body_bytes after decompression. {_STATUS_DOC}"},
     415: {"description": "Content-Type or Content-Encoding not supported."},
-    503: {"description": f"Store overloaded: retry after `Retry-After` seconds. {_STATUS_DOC}"},
+    503: {"description": f"Overloaded or store unavailable: retry after `Retry-After` s. {_STATUS_DOC}"},
 }
 _BODY_DOC = {
     "requestBody": {
@@ -91,15 +98,26 @@ async def export_traces(request: Request) -> Response:
     if media is None:
         got = request.headers.get("content-type", "")
         return status_response(415, code_pb2.INVALID_ARGUMENT, f"unsupported Content-Type {got!r}", JSON)
+    state = request.app.state
+    gate = state.otlp_in_flight
+    if not gate.enter():  # rule 10
+        state.shed.count("otlp", "overload")
+        msg = f"more than {gate.cap} exports in flight, retry later"
+        return status_response(503, code_pb2.UNAVAILABLE, msg, media, {"Retry-After": str(RETRY_AFTER_S)})
     try:
-        body = await read_body(request, request.app.state.settings.otlp.max_body_bytes)
-    except BodyError as exc:
-        return status_response(exc.status, _code_for(exc.status), str(exc), media)
-    return await run_in_threadpool(ingest, request.app.state.sink, body, media)
+        try:
+            body = await read_body(request, state.settings.otlp.max_body_bytes)
+        except BodyError as exc:
+            return status_response(exc.status, _code_for(exc.status), str(exc), media)
+        work = functools.partial(ingest, state.sink, body, media, state)
+        return await anyio.to_thread.run_sync(work, limiter=state.otlp_threads)
+    finally:
+        gate.leave()
 
 
-def ingest(sink: Sink, body: bytes, media: str) -> Response:
-    """Decode, write and answer (rules 5–8); runs in a worker thread."""
+def ingest(sink: Sink, body: bytes, media: str, state: Any = None) -> Response:
+    """Decode, write and answer (rules 5–8, 11); runs in a worker thread. ``state`` (the app's)
+    records store faults and counts refused exports."""
     try:
         if media == JSON:
             req, refused = decode_json(body)
@@ -107,14 +125,29 @@ def ingest(sink: Sink, body: bytes, media: str) -> Response:
             req, refused = decode_protobuf(body), []
     except ParseError as exc:
         return status_response(400, code_pb2.INVALID_ARGUMENT, str(exc), media)
+    except RecursionError:
+        return status_response(400, code_pb2.INVALID_ARGUMENT, "JSON body nests too deeply", media)
     rows = request_rows(req)
     rows.rejected[:0] = refused
+    retry = {"Retry-After": str(RETRY_AFTER_S)}
     try:
         write_rows(sink, rows, source="otlp-http")
     except Overloaded as exc:
+        _count(state, "overload")
         msg = f"store overloaded, retry later ({exc})"
-        return status_response(503, code_pb2.UNAVAILABLE, msg, media, {"Retry-After": str(RETRY_AFTER_S)})
+        return status_response(503, code_pb2.UNAVAILABLE, msg, media, retry)
+    except Exception as exc:
+        if state is None or not state.faults.seen(exc):
+            raise
+        _count(state, "store_unavailable")
+        msg = f"store unavailable, retry later ({first_line(exc)})"
+        return status_response(503, code_pb2.UNAVAILABLE, msg, media, retry)
     return message_response(200, export_response(rows), media)
+
+
+def _count(state: Any, reason: str) -> None:
+    if state is not None:
+        state.shed.count("otlp", reason)
 
 
 def export_response(rows: SpanRows) -> ExportTraceServiceResponse:

@@ -1,9 +1,10 @@
 """The page: plain HTML, CSS and JavaScript served by the API itself (no CDN, no build step).
 
 Rules:
-  1. ``/`` (the deployments overview) and ``/deployments/{name}`` (one deployment's envelope)
-     return the same HTML; the script reads the path and fetches only this API's ``/api/v1``
-     JSON. Charts are inline SVG drawn by the script.
+  1. ``/`` (the deployments overview) and ``/deployments/{name}`` (one deployment's envelope; the
+     name may hold ``/``, which links encode as ``%2F``) return the same HTML; the script reads
+     the path and fetches only this API's ``/api/v1`` JSON. Charts are inline SVG drawn by the
+     script.
   2. ``/static/{file}`` serves the files of ``api/static/`` listed in :data:`ASSETS` only.
   3. Every answer carries a Content-Security-Policy allowing only this origin, so nothing can be
      fetched from elsewhere at view time even by mistake.
@@ -34,7 +35,7 @@ def overview() -> Response:
     return _file("index.html", "text/html; charset=utf-8")
 
 
-@router.get("/deployments/{name}")
+@router.get("/deployments/{name:path}")  # a model id as name holds "/"
 def deployment_page(name: str) -> Response:
     return _file("index.html", "text/html; charset=utf-8")
 

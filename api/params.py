@@ -8,9 +8,10 @@ Rules:
      date or time (1970-2099, days 01-28 in the pattern so every match is a real date; UTC when it
      carries no zone): exactly :data:`AT_PATTERN`. Absent → the newest sample in the store, so a
      historical store is analyzed where its data is.
-  3. A deployment name matches ``[A-Za-z0-9_.:-]{1,128}`` (the config's own pattern); a malformed
-     one → 400, an unknown one → 404 listing the known names. (An inferred deployment named after a
-     model id with ``/`` cannot be addressed by path: declare it with a name in the config.)
+  3. A deployment name is 1 to 256 characters of any kind but control characters: inferred
+     deployments are named after model ids (``meta-llama/Llama-3.1-8B``), so routes take the name
+     as a path (``{name:path}``; a client may send ``/`` as is or as ``%2F``). A malformed one → 400
+     (422 from a route's own validation), an unknown one → 404 listing the known names.
   4. Every error body is ``{"detail": {"parameter": ..., "message": ...}}``.
 """
 
@@ -30,7 +31,7 @@ AT_PATTERN = (
     r"|(19[7-9][0-9]|20[0-9]{2})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"
     r"(T([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?(Z|[+-](0[0-9]|1[0-4]):[0-5][0-9])?)?)$"
 )
-NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
+NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,256}$"
 _WINDOW, _AT, _NAME = re.compile(WINDOW_PATTERN), re.compile(AT_PATTERN), re.compile(NAME_PATTERN)
 
 

@@ -35,6 +35,7 @@ from starlette.concurrency import run_in_threadpool
 from analyzer.report import latest_ns
 from api import models, service
 from api.cache import MISSING
+from api.faults import fault_kind
 from api.params import (
     AT_PATTERN,
     NAME_PATTERN,
@@ -65,7 +66,14 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 router = APIRouter(prefix="/api/v1", responses=_ERRORS)
 
-NameParam = Annotated[str, Path(description="Deployment name", max_length=128, pattern=NAME_PATTERN)]
+NameParam = Annotated[
+    str,
+    Path(
+        description="Deployment name (any characters; `/` as is or `%2F`)",
+        max_length=256,
+        pattern=NAME_PATTERN,
+    ),
+]
 WindowParam = Annotated[
     str, Query(description="Window length: whole number with s, m, h or d, up to 31d", pattern=WINDOW_PATTERN)
 ]
@@ -178,15 +186,6 @@ def _row(request: Request, dep: Any, s: Span) -> dict[str, Any]:
     return {"deployment": dep.summary(), "glance": glance}
 
 
-@router.get("/deployments/{name}", response_model=models.DeploymentDetail, summary="One deployment")
-def deployment_detail(request: Request, dep: DepDep) -> dict[str, Any]:
-    """Layout, owned sources (engine series, GPUs, communicators), SLOs and the sources' health."""
-    sources = cached(request, ("sources", dep.name), lambda c: service.sources_health(c, dep))
-    return {"deployment": dep.summary(), "engine_keys": list(dep.engine_keys),
-            "gpu_uuids": list(dep.gpu_uuids), "comm_ids": list(dep.comm_ids),
-            "slo": {"ttft_s": dep.ttft_slo_s, "itl_s": dep.itl_slo_s}, "sources": sources}  # fmt: skip
-
-
 def envelope_of(app: Any, dep: Any, s: Span) -> dict[str, Any]:
     """The envelope report (shared by the route, the overview and ``/metrics``): the refresher's
     when it holds this span (rule 6), else cached."""
@@ -194,7 +193,17 @@ def envelope_of(app: Any, dep: Any, s: Span) -> dict[str, Any]:
     snap = refresher.get(("envelope", dep.name)) if refresher is not None else None
     if snap is not None and snap.value["window"]["start_ns"] == s.start_ns and snap.end_ns == s.end_ns:
         return snap.value  # type: ignore[no-any-return]
-    return cached_on(app, ("envelope", dep.name, s), lambda c: service.envelope(c, dep, s.start_ns, s.end_ns))  # type: ignore[no-any-return]
+    return cached_on(
+        app,
+        ("envelope", dep.name, s),
+        lambda c: service.envelope(c, dep, s.start_ns, s.end_ns, analysis_settings(app)),
+    )  # type: ignore[no-any-return]
+
+
+def analysis_settings(app: Any) -> Any:
+    """The app's analysis settings (the config's ``analysis:`` block), the same object the CLI uses."""
+    settings = getattr(app.state, "settings", None)
+    return getattr(settings, "analysis", None)
 
 
 def stragglers_of(app: Any, dep: Any, s: Span, slice_s: float) -> dict[str, Any]:
@@ -254,7 +263,7 @@ def _in_background(app: Any, key: tuple[Any, ...], refresh: Callable[[], Any]) -
 _DEFAULTS: dict[str, tuple[Any, ...]] = {"envelope": (), "latency": (DEFAULT_POINTS,)}
 
 
-@router.get("/deployments/{name}/envelope", response_model=models.Envelope, summary="Envelope verdict")
+@router.get("/deployments/{name:path}/envelope", response_model=models.Envelope, summary="Envelope verdict")
 async def envelope(
     request: Request, name: NameParam, window: WindowParam = DEFAULT_WINDOW, at: AtParam = None
 ) -> Response:
@@ -271,7 +280,7 @@ def _envelope_route(request: Request, name: str, window: str, at: str | None) ->
     return as_json(request, ("envelope", dep.name, s), models.Envelope, lambda: _envelope(request, dep, s))
 
 
-@router.get("/deployments/{name}/latency", response_model=models.Latency, summary="Latency quantiles")
+@router.get("/deployments/{name:path}/latency", response_model=models.Latency, summary="Latency quantiles")
 async def latency(
     request: Request,
     name: NameParam,
@@ -315,7 +324,7 @@ def refresh_cycle(app: Any) -> Cycle:
     def run(dep: Any, route: str) -> tuple[bytes, Any]:
         with app.state.store.cursor() as cur:
             if route == "envelope":
-                value = finite(service.envelope(cur, dep, s.start_ns, s.end_ns))
+                value = finite(service.envelope(cur, dep, s.start_ns, s.end_ns, analysis_settings(app)))
                 return to_json(models.Envelope, value), value
             got = finite(service.latency(cur, dep, s.start_ns, s.end_ns, DEFAULT_POINTS))
             return to_json(models.Latency, latency_body(dep, s, got)), got
@@ -324,7 +333,7 @@ def refresh_cycle(app: Any) -> Cycle:
     return Cycle(end_ns, work)
 
 
-@router.get("/deployments/{name}/gpu", response_model=models.GpuSeries, summary="GPU activity series")
+@router.get("/deployments/{name:path}/gpu", response_model=models.GpuSeries, summary="GPU activity series")
 def gpu(request: Request, dep: DepDep, s: SpanDep, points: PointsParam = 120) -> Response:
     """SM, tensor and DRAM activity and GPU utilization, downsampled to ``points`` bins."""
 
@@ -336,7 +345,7 @@ def gpu(request: Request, dep: DepDep, s: SpanDep, points: PointsParam = 120) ->
     return as_json(request, ("gpu", dep.name, s, points), models.GpuSeries, build)
 
 
-@router.get("/deployments/{name}/fabric", response_model=models.FabricSeries, summary="Fabric series")
+@router.get("/deployments/{name:path}/fabric", response_model=models.FabricSeries, summary="Fabric series")
 def fabric(request: Request, dep: DepDep, s: SpanDep, points: PointsParam = 120) -> Response:
     """NVLink/PCIe bytes/s per GPU and InfiniBand/RoCE bytes/s per node, downsampled."""
 
@@ -348,7 +357,7 @@ def fabric(request: Request, dep: DepDep, s: SpanDep, points: PointsParam = 120)
     return as_json(request, ("fabric", dep.name, s, points), models.FabricSeries, build)
 
 
-@router.get("/deployments/{name}/collectives", response_model=models.Collectives, summary="Collectives")
+@router.get("/deployments/{name:path}/collectives", response_model=models.Collectives, summary="Collectives")
 def collectives(request: Request, dep: DepDep, s: SpanDep) -> dict[str, Any]:
     """Per communicator and op: time, wait (arrival skew) vs transfer, busbw, p99/p50 jitter."""
     got = cached(request, ("collectives", dep.name, s),
@@ -360,7 +369,9 @@ def _stragglers(request: Request, dep: Any, s: Span, slice_s: float) -> dict[str
     return stragglers_of(request.app, dep, s, slice_s)
 
 
-@router.get("/deployments/{name}/stragglers", response_model=models.Stragglers, summary="Straggler ranks")
+@router.get(
+    "/deployments/{name:path}/stragglers", response_model=models.Stragglers, summary="Straggler ranks"
+)
 def stragglers(
     request: Request,
     dep: DepDep,
@@ -378,7 +389,7 @@ def stragglers(
     return as_json(request, ("stragglers", dep.name, s, slice_s), models.Stragglers, build)
 
 
-@router.get("/deployments/{name}/plan", response_model=models.Plan, summary="Re-parallelization plan")
+@router.get("/deployments/{name:path}/plan", response_model=models.Plan, summary="Re-parallelization plan")
 def plan(
     request: Request,
     dep: DepDep,
@@ -393,6 +404,16 @@ def plan(
     except (ValueError, KeyError) as exc:
         raise ParamError("name", f"cannot plan: {str(exc).strip(chr(34))}", status=422) from exc
     return {"deployment": dep.name, **got}
+
+
+# Last of the deployment routes: ``{name:path}`` would also match ``<name>/envelope`` and the like.
+@router.get("/deployments/{name:path}", response_model=models.DeploymentDetail, summary="One deployment")
+def deployment_detail(request: Request, dep: DepDep) -> dict[str, Any]:
+    """Layout, owned sources (engine series, GPUs, communicators), SLOs and the sources' health."""
+    sources = cached(request, ("sources", dep.name), lambda c: service.sources_health(c, dep))
+    return {"deployment": dep.summary(), "engine_keys": list(dep.engine_keys),
+            "gpu_uuids": list(dep.gpu_uuids), "comm_ids": list(dep.comm_ids),
+            "slo": {"ttft_s": dep.ttft_slo_s, "itl_s": dep.itl_slo_s}, "sources": sources}  # fmt: skip
 
 
 @router.get("/targets", response_model=models.TargetList, summary="Sources' health")
@@ -417,6 +438,8 @@ def query(request: Request, body: models.QueryRequest) -> dict[str, Any]:
         with request.app.state.store.cursor() as cur:
             df = run_query(cur, body.sql, max_rows=body.max_rows, timeout_s=body.timeout_s)
     except ReadOnlyQueryError as exc:
+        if fault_kind(exc.__cause__) is not None:  # the store failed, not the query: 503 (api.faults)
+            raise exc.__cause__ from exc  # type: ignore[misc]
         raise HTTPException(400, detail={"parameter": "sql", "message": str(exc)}) from exc
     rows = [finite(list(r)) for r in df.iter_rows()]
     return {"columns": df.columns, "types": [str(t) for t in df.dtypes], "rows": rows,

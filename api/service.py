@@ -14,6 +14,18 @@ the series downsampling and the window of collective records:
      (share of the window's blame per rank and ``window_s`` slice).
   4. The plan runs :mod:`analyzer.planner` for the deployment's model, GPU, size and measured
      workload (``request_spans``), and compares with its current layout.
+  5. The window's load points (the envelope plot's dots) use rule 1's bins. Per engine and bin:
+     mean running requests and mean ``generation_tokens_total`` rate (the per-scrape rate, so a
+     bin holding one scrape and a bin holding two read alike); a bin counts only when every engine
+     seen in the window has both there. A counter's first sample has no rate, so the warm-up bin
+     of an engine that starts inside the window is left out instead of reading as zero
+     throughput. ITL p99 per bin is the bucket estimate of :func:`binned_quantiles`. Windows
+     longer than :data:`RAW_WINDOW_MAX_S` read the per-minute rollups (mean gauge, mean rate).
+  6. A latency chart point is the quantile of the bucket increases over the trailing
+     ``max(bin, LATENCY_SPAN_S)`` ending at its bin (PromQL's ``histogram_quantile`` over
+     ``rate(…[1m])`` does the same): a 7.5 s bin holding a few long prefill-stalled steps would
+     otherwise swing the p50 between 20 ms and 600 ms from one bin to the next. A bin with no
+     increase of its own stays empty (a gap), never filled from its neighbours.
 """
 
 from __future__ import annotations
@@ -28,11 +40,9 @@ import polars as pl
 from analyzer import stragglers as strag
 from analyzer.collectives import rank_waits, summary
 from analyzer.crossover import history_bins
-from analyzer.deployments import Deployment, list_deployments
-from analyzer.envelope import analyze_deployment
-from analyzer.latency import binned_quantiles, window_quantiles
-from analyzer.regression import p99_regression
-from analyzer.report import plan_for_deployment
+from analyzer.deployments import ENGINE_KEY_SQL, Deployment, list_deployments
+from analyzer.latency import binned_quantiles, bucket_increases, quantiles_from_increases, window_quantiles
+from analyzer.report import deployment_report, plan_for_deployment
 from analyzer.thresholds import Thresholds
 
 NS = 1_000_000_000
@@ -46,6 +56,12 @@ LINK_METRICS = (
     "pcie_rx_bytes_per_s",
 )
 LATENCY_QS = (0.5, 0.9, 0.99)
+LOAD_POINTS = 120
+ENGINE_1M = (  # the per-minute rollup shaped like engine_samples (a minute stamped at its end)
+    "(SELECT minute_ns + 60000000000 AS ts_ns, source, engine, dp_rank, concept, avg AS value,"
+    " avg_rate_per_s AS rate_per_s FROM engine_samples_1m) AS engine_samples"
+)
+LATENCY_SPAN_S = 60.0
 
 
 def deployments(con: duckdb.DuckDBPyConnection) -> list[Deployment]:
@@ -71,13 +87,19 @@ def targets(
 
 
 def envelope(
-    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, history_s: float = 86400.0
+    con: duckdb.DuckDBPyConnection,
+    dep: Deployment,
+    start_ns: int,
+    end_ns: int,
+    th: Thresholds | None = None,
+    history_s: float = 86400.0,
 ) -> dict[str, Any]:
-    """Zone + evidence + Cp + headroom (:func:`analyze_deployment`), regressions and the load curve."""
-    th = Thresholds()
-    report = analyze_deployment(con, dep, start_ns, end_ns, th, history_s=history_s)
-    report["regression"] = p99_regression(con, dep, start_ns, end_ns, th).as_dict()
+    """The analyzer's one front door (:func:`analyzer.report.deployment_report`: zone, evidence,
+    Cp, headroom, regressions) under the app's analysis settings, plus the load curve."""
+    th = th or Thresholds()
+    report = deployment_report(con, dep, start_ns, end_ns, th, history_s=history_s)
     report["load_curve"] = load_curve(con, dep, max(end_ns - int(history_s * NS), 0), end_ns, th)
+    report["load_points"] = window_load(con, dep, start_ns, end_ns, LOAD_POINTS)
     report["window"] = {"start_ns": start_ns, "end_ns": end_ns, "seconds": (end_ns - start_ns) / NS}
     report["computed_at_s"] = time.time()
     return report
@@ -85,14 +107,60 @@ def envelope(
 
 def load_curve(
     con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, th: Thresholds
-) -> list[dict[str, float]]:
+) -> list[dict[str, float | None]]:
     """The points Cp is fitted on (:func:`history_bins`: per-minute rollups over long history):
-    per ``bin_s`` bin, running requests vs tokens/s per GPU."""
+    per ``bin_s`` bin, running requests vs tokens/s per GPU and ITL p99."""
     bins = history_bins(con, dep, start_ns, end_ns, th)
     gpus = max(dep.n_gpus, 1)
+    itl = bins["itl_p99_s"].to_list() if "itl_p99_s" in bins.columns else [None] * bins.height
     return [
-        {"concurrency": float(r), "tokens_per_s_per_gpu": float(t) / gpus}
-        for r, t in zip(bins["running"].to_list(), bins["tokens_per_s"].to_list(), strict=True)
+        {"concurrency": float(r), "tokens_per_s_per_gpu": float(t) / gpus, "itl_p99_s": _num(i)}
+        for r, t, i in zip(bins["running"].to_list(), bins["tokens_per_s"].to_list(), itl, strict=True)
+    ]
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None or v != v else float(v)  # NaN != NaN
+
+
+def window_load(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, points: int
+) -> list[dict[str, Any]]:
+    """Rule 5: ``[{bin_start_ns, concurrency, tokens_per_s_per_gpu, itl_p99_s}]`` per complete bin."""
+    window_s = (end_ns - start_ns) / NS
+    bin_s = bin_seconds(window_s, points)
+    bin_ns = int(bin_s * NS)
+    rollup = window_s > RAW_WINDOW_MAX_S
+    table = ENGINE_1M if rollup else "engine_samples"
+    rows = con.execute(
+        f"""WITH per_engine AS (
+               SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS b, {ENGINE_KEY_SQL} AS k,
+                      avg(value) FILTER (WHERE concept = 'requests_running') AS running,
+                      avg(rate_per_s) FILTER (WHERE concept = 'generation_tokens_total') AS tok_s
+               FROM {table} WHERE ts_ns > ? AND ts_ns <= ?
+                 AND concept IN ('requests_running', 'generation_tokens_total')
+                 AND list_contains(?, {ENGINE_KEY_SQL}) GROUP BY ALL)
+           SELECT b, sum(running) AS running, sum(tok_s) AS tok_s,
+                  count(running) AS n_run, count(tok_s) AS n_tok,
+                  (SELECT count(DISTINCT k) FROM per_engine) AS engines
+           FROM per_engine GROUP BY b ORDER BY b""",
+        [start_ns, bin_ns, start_ns, end_ns, list(dep.engine_keys)],
+    ).fetchall()
+    itl = binned_quantiles(
+        con, start_ns, end_ns, bin_s, keys=list(dep.engine_keys), concepts=("itl_seconds",), qs=(0.99,),
+        rollup=rollup,
+    )  # fmt: skip
+    itl_by_bin = dict(zip(itl["bin"].to_list(), itl["value_s"].to_list(), strict=True))
+    gpus = max(dep.n_gpus, 1)
+    return [
+        {
+            "bin_start_ns": start_ns + int(b) * bin_ns,
+            "concurrency": float(run),
+            "tokens_per_s_per_gpu": float(tok) / gpus,
+            "itl_p99_s": _num(itl_by_bin.get(b)),
+        }
+        for b, run, tok, n_run, n_tok, engines in rows
+        if n_run == engines and n_tok == engines
     ]
 
 
@@ -108,15 +176,46 @@ def latency(
     keys = list(dep.engine_keys)
     wq = window_quantiles(con, start_ns, end_ns, keys=keys, qs=LATENCY_QS)
     bin_s = bin_seconds((end_ns - start_ns) / NS, points)
-    series = binned_quantiles(
-        con, start_ns, end_ns, bin_s, keys=keys, concepts=("ttft_seconds", "itl_seconds"), qs=(0.5, 0.99)
-    )
+    span = max(round(LATENCY_SPAN_S / bin_s), 1)
+    series = trailing_quantiles(con, start_ns, end_ns, bin_s, span, keys, ("ttft_seconds", "itl_seconds"))
     return {
         "quantiles": [q.as_dict() for d in wq.values() for q in d.values()],
         "bin_s": bin_s,
-        "series": series.sort(["concept", "q", "bin"]).to_dicts(),
+        "span_s": span * bin_s,
+        "series": sorted(series, key=lambda r: (r["concept"], r["q"], r["bin"])),
         "computed_at_s": time.time(),
     }
+
+
+def trailing_quantiles(
+    con: duckdb.DuckDBPyConnection,
+    start_ns: int,
+    end_ns: int,
+    bin_s: float,
+    span: int,
+    keys: list[str] | None,
+    concepts: tuple[str, ...],
+    qs: tuple[float, ...] = (0.5, 0.99),
+) -> list[dict[str, Any]]:
+    """Rule 6: ``[{concept, bin, bin_start_ns, q, value_s, observations}]`` per bin that has data,
+    each over the bucket increases of that bin and the ``span − 1`` bins before it."""
+    inc = bucket_increases(con, start_ns, end_ns, keys=keys, concepts=concepts, bin_s=bin_s)
+    if inc.is_empty():
+        return []
+    own = inc.group_by(["concept", "bin"]).agg(pl.col("count").sum().alias("own")).filter(pl.col("own") > 0)
+    merged = (
+        pl.concat([inc.with_columns(pl.col("bin") + k) for k in range(span)])
+        .group_by(["concept", "bin", "le"])
+        .agg(pl.col("count").sum())
+        .join(own.select("concept", "bin"), on=["concept", "bin"], how="semi")
+    )
+    got = quantiles_from_increases(merged, qs)
+    return [
+        {"concept": c, "bin": b, "bin_start_ns": start_ns + int(b * bin_s * NS), "q": x.q,
+         "value_s": x.value_s, "observations": x.observations}
+        for (c, b), qlist in sorted(got.items())
+        for x in sorted(qlist, key=lambda x: x.q)
+    ]  # fmt: skip
 
 
 def gpu_series(

@@ -4,12 +4,16 @@ On each scrape, for every deployment, over the last ``window_s`` ending at the n
   1. ``ioe_deployment_zone{zone}`` is 1 for the primary zone and 0 for the four others;
      ``ioe_deployment_secondary_zone{zone}`` is 1 for the secondary zone (if any); the zone label
      takes only the five zone names.
-  2. TTFT/ITL p50/p99 (bucket estimates), KV headroom (1 − mean KV usage, and sequences left),
-     Cp, concurrency, collective exposed share and busbw/capability come from the envelope
-     report; a series whose value is unknown is left out rather than exported as NaN.
-  3. ``ioe_deployment_p99_regression_ratio{signal}`` / ``ioe_deployment_p99_regression`` per
-     ``signal`` ∈ {ttft, itl} from the regression rows.
-  4. ``ioe_straggler_score`` / ``ioe_straggler`` per flagged rank (blame share; 1 when
+  2. TTFT/ITL p50/p99 (bucket estimates) are one gauge per quantile
+     (``ioe_deployment_ttft_p99_seconds``, …): a ``quantile`` label belongs to summaries only.
+     KV headroom (1 − mean KV usage, and sequences left), Cp, concurrency, collective exposed
+     share and busbw/capability come from the envelope report; a series whose value is unknown
+     is left out rather than exported as NaN.
+  3. Per ``signal`` ∈ {ttft, itl}: ``ioe_deployment_p99_baseline_available`` is 1 when the
+     regression rows hold a baseline p99, else 0; only then are
+     ``ioe_deployment_p99_regression_ratio`` and the 0/1 ``ioe_deployment_p99_regression``
+     exported, so "no baseline" never reads as "no regression".
+  4. ``ioe_straggler_score_ratio`` / ``ioe_straggler`` per flagged rank (blame share; 1 when
      persistent). Only flagged ranks are exported, so labels stay bounded by the deployment's ranks.
   5. ``ioe_analysis_timestamp_seconds`` is when the verdict was computed (wall clock).
 The analyses go through the app's TTL cache, so a scrape every few seconds costs one analysis
@@ -26,7 +30,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
-ZONE_NAMES = ("compute", "hbm_bandwidth", "kv_capacity", "network", "headroom")
+ZONE_NAMES = ("compute", "hbm_bandwidth", "kv_capacity", "network", "headroom", "saturated", "unknown")
 SIGNALS = {"ttft_seconds": "ttft", "itl_seconds": "itl"}
 
 Analysis = Callable[[], list[tuple[Any, dict[str, Any], dict[str, Any], float]]]
@@ -42,12 +46,15 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         (*_D, "zone"),
     ),
     "conf": ("ioe_deployment_zone_confidence_ratio", "Confidence of the primary zone, 0..1", _D),
-    "ttft": (
-        "ioe_deployment_ttft_seconds",
-        "TTFT quantile (bucket-interpolated estimate)",
-        (*_D, "quantile"),
-    ),
-    "itl": ("ioe_deployment_itl_seconds", "ITL quantile (bucket-interpolated estimate)", (*_D, "quantile")),
+    **{
+        f"{sig}_p{q}": (
+            f"ioe_deployment_{sig}_p{q}_seconds",
+            f"{sig.upper()} p{q} (bucket-interpolated estimate)",
+            _D,
+        )
+        for sig in ("ttft", "itl")
+        for q in ("50", "99")
+    },
     "kv": ("ioe_deployment_kv_headroom_ratio", "1 - KV cache usage", _D),
     "kvseq": ("ioe_deployment_kv_headroom_sequences", "Sequences that still fit at the current mix", _D),
     "cp": ("ioe_deployment_crossover_concurrency", "Fitted Cp: where throughput stops scaling", _D),
@@ -56,7 +63,12 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "busbw": ("ioe_deployment_collective_busbw_ratio", "Achieved bus bandwidth / fabric capability", _D),
     "regr": ("ioe_deployment_p99_regression_ratio", "Current p99 / baseline p99", (*_D, "signal")),
     "regflag": ("ioe_deployment_p99_regression", "1 when a p99 regression is detected", (*_D, "signal")),
-    "score": ("ioe_straggler_score", "Share of peers' wait blamed on this rank, 0..1", _RANK),
+    "baseline": (
+        "ioe_deployment_p99_baseline_available",
+        "1 when a baseline p99 exists to compare with, else 0",
+        (*_D, "signal"),
+    ),
+    "score": ("ioe_straggler_score_ratio", "Share of peers' wait blamed on this rank, 0..1", _RANK),
     "strag": ("ioe_straggler", "1 when the rank is a persistent straggler", _RANK),
     "ts": ("ioe_analysis_timestamp_seconds", "When the verdict was computed", _D),
 }
@@ -87,21 +99,35 @@ def add_envelope(f: dict[str, GaugeMetricFamily], name: str, env: dict[str, Any]
         f["zone"].add_metric([name, z], 1.0 if v["primary"] == z else 0.0)
         f["secondary"].add_metric([name, z], 1.0 if v["secondary"] == z else 0.0)
     _add(f["conf"], [name], v["confidence"])
-    for signal, fam in (("ttft_seconds", "ttft"), ("itl_seconds", "itl")):
+    for sig in ("ttft", "itl"):
         for q in ("50", "99"):
-            _add(f[fam], [name, f"0.{q}" if q != "50" else "0.5"], _evidence(env, f"{signal}_p{q}"))
+            _add(f[f"{sig}_p{q}"], [name], _evidence(env, f"{sig}_seconds_p{q}"))
     kv = _evidence(env, "kv_usage_ratio")
     _add(f["kv"], [name], None if kv is None else max(1.0 - kv, 0.0))
     _add(f["kvseq"], [name], env["headroom"]["kv_sequences_left"])
     _add(f["cp"], [name], env["cp"]["cp"])
     _add(f["conc"], [name], _evidence(env, "requests_running"))
-    _add(f["exposed"], [name], _evidence(env, "collective_share_ratio"))
+    exposed = _evidence(env, "collective_share_ratio")
+    _add(
+        f["exposed"],
+        [name],
+        exposed if exposed is not None else _evidence(env, "fabric_collective_share_ratio"),
+    )
     _add(f["busbw"], [name], _evidence(env, "busbw_over_capability"))
     for row in env["regression"]["metrics"]:
-        sig = SIGNALS.get(row["metric"])
-        if sig:
-            _add(f["regr"], [name, sig], row["ratio"])
-            f["regflag"].add_metric([name, sig], 1.0 if row["verdict"] == "regressed" else 0.0)
+        add_regression(f, name, row)
+
+
+def add_regression(f: dict[str, GaugeMetricFamily], name: str, row: dict[str, Any]) -> None:
+    """Rule 3 for one regression row (signals other than TTFT/ITL are not exported)."""
+    signal = SIGNALS.get(row["metric"])
+    if signal is None:
+        return
+    has_baseline = row.get("baseline_s") is not None and row["ratio"] is not None
+    f["baseline"].add_metric([name, signal], 1.0 if has_baseline else 0.0)
+    if has_baseline:
+        _add(f["regr"], [name, signal], row["ratio"])
+        f["regflag"].add_metric([name, signal], 1.0 if row["verdict"] == "regressed" else 0.0)
 
 
 def add_stragglers(f: dict[str, GaugeMetricFamily], name: str, rep: dict[str, Any]) -> None:

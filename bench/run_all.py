@@ -21,6 +21,7 @@ MODULES = (
     "bench.bench_planner",
     "bench.bench_api",
     "bench.bench_lake",
+    "bench.bench_import_memory",
 )
 
 

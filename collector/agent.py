@@ -119,6 +119,8 @@ class Agent:
             return
         import uvicorn
 
+        from api.limits import server_options  # header/body read timeouts, connection cap
+
         server = uvicorn.Server(
             uvicorn.Config(
                 self.app,
@@ -127,6 +129,7 @@ class Agent:
                 log_level="warning",
                 lifespan="off",
                 timeout_graceful_shutdown=10,
+                **server_options(),
             )
         )
         refresher = self.app.state.refresher  # the API's lifespan is off here: the agent runs it

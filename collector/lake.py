@@ -500,7 +500,7 @@ def _rollup_pass(con: duckdb.DuckDBPyConnection, now_ns: int, retention: Retenti
         con.execute(f"DELETE FROM {rollup} WHERE minute_ns IN (SELECT minute_ns FROM _dirty)")
         got = con.execute(f"INSERT INTO {rollup} {select}").fetchone()
         done[rollup] = int(got[0]) if got else 0
-    for table in _RAW_TABLES:
+    for table in (*_RAW_TABLES, "ingest_errors"):  # refused inputs are kept as long as raw rows
         done[f"deleted_{table}"] = _delete_before(con, table, "ts_ns", raw_before)
     for table in _ROLLUP_TABLES:
         done[f"deleted_{table}"] = _delete_before(

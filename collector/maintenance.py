@@ -22,15 +22,15 @@ class Maintainer(threading.Thread):
     def __init__(self, store: Any, interval_s: float, retention: Retention):
         super().__init__(name="ioe-maintenance", daemon=True)
         self.store, self.interval_s, self.retention = store, interval_s, retention
-        self._stop = threading.Event()
+        self._halt = threading.Event()  # not ``_stop``: Thread.join() calls Thread._stop()
 
     def run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._halt.wait(self.interval_s):
             try:
                 self.store.maintain(time.time_ns(), self.retention)
             except Exception:
                 log.exception("store maintenance failed; retrying in %.0f s", self.interval_s)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=30)

@@ -242,6 +242,8 @@ COLLECTIVE_RECORDS = _t(
     ("stop_us", "DOUBLE"),
     ("dump_ts_us", "DOUBLE"),
     ("kernel_events", "VARCHAR"),  # JSON list of per-channel kernel timestamps
+    ("algo_proto", "VARCHAR"),  # NCCL algorithm_protocol (Inspector textfile's algo_proto label)
+    ("msg_bytes_max", "BIGINT"),  # upper end of a bucketed size ("4-5GB"), else = msg_bytes or NULL
 )
 
 KERNEL_EVENTS = _t(

@@ -9,7 +9,11 @@ Rules:
    never waited for. One writer thread is the only thing that touches the store.
 4. A bad line costs that line only: the good samples of the scrape are kept, the refused ones
    are counted and logged once per scrape with the target and line, and stored in
-   ``ingest_errors``.
+   ``ingest_errors``: at most :data:`MAX_ERRORS_PER_SCRAPE` rows (one more counts the rest),
+   and for a source that keeps sending bad lines at most once per :data:`ERRORS_EVERY_S`.
+6. A target whose scrape is mostly garbage (its refused lines outnumber the samples kept) is
+   down: ``up`` 0, with the share refused and the first problem as its error. Its good
+   samples are still stored.
 5. Health of every source is written to ``targets`` after each attempt and exported as
    ``ioe_target_up`` and friends on the sidecar's own ``/metrics``.
 """
@@ -38,6 +42,9 @@ from collector.writer import QueueSink
 from ioe.settings import DeploymentSpec, Settings, TargetSpec
 
 log = logging.getLogger(__name__)
+
+MAX_ERRORS_PER_SCRAPE = 10
+ERRORS_EVERY_S = 60.0
 
 
 class Reader(Protocol):
@@ -81,6 +88,7 @@ class Sidecar:
         self.states: dict[str, SourceState] = {}
         self._rates: dict[str, CounterRates] = {}
         self._caches: dict[str, ScrapeCache] = {}  # one per target (scrape rule 5)
+        self._errors_at: dict[str, int] = {}  # when each source's problems were last stored (rule 4)
         self._stop = asyncio.Event()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -146,7 +154,10 @@ class Sidecar:
             return
         parsed = self._with_rates(spec.name, parsed)
         stored = self._enqueue(parsed, spec.name)
-        self._record(state, ts_ns, time.monotonic() - t0, samples=stored, problems=parsed.problems)
+        error = _garbage(parsed, stored)
+        self._record(
+            state, ts_ns, time.monotonic() - t0, samples=stored, error=error, problems=parsed.problems
+        )
 
     def _with_rates(self, source: str, parsed: Parsed) -> Parsed:
         engine = parsed.batches.get("engine_samples")
@@ -187,8 +198,11 @@ class Sidecar:
         if parsed.problems:
             self.metrics.dropped("parse", len(parsed.problems))
             first = parsed.problems[0]
-            log.warning("%s: %d input problem(s) refused, first: %s", source, len(parsed.problems), first)
-            self.sink.offer("ingest_errors", _problems_frame(parsed.problems, source, self.clock()))
+            now = self.clock()
+            if now - self._errors_at.get(source, -(1 << 62)) >= ERRORS_EVERY_S * 1e9:  # rule 4
+                log.warning("%s: %d input problem(s) refused, first: %s", source, len(parsed.problems), first)
+                self._errors_at[source] = now
+                self.sink.offer("ingest_errors", _problems_frame(_bounded(parsed.problems), source, now))
         self.metrics.queue_batches.set(self.sink.queue.qsize())
         return rows
 
@@ -231,6 +245,33 @@ class Sidecar:
     def write_deployments(self, specs: list[DeploymentSpec]) -> None:
         if specs:
             self.sink.offer("deployments", deployments_frame(specs, self.clock()))
+
+
+def bad_lines(problems: list[Problem]) -> int:
+    """Lines refused, counting the exposition parser's "N more bad lines not listed"."""
+    total = 0
+    for p in problems:
+        head = p.message.split(" ", 1)[0]
+        total += int(head) if p.message.endswith("(rule 7)") and head.isdigit() else 1
+    return total
+
+
+def _garbage(parsed: Parsed, stored: int) -> str:
+    """Rule 6: the error of a scrape whose refused lines outnumber its samples, else ''."""
+    bad = bad_lines(parsed.problems)
+    if not bad or bad <= stored:
+        return ""
+    return f"mostly garbage: {bad} line(s) refused, {stored} sample(s) kept; first: {parsed.problems[0]}"[
+        :500
+    ]
+
+
+def _bounded(problems: list[Problem]) -> list[Problem]:
+    """Rule 4: the first problems of a scrape, and one that counts the rest."""
+    if len(problems) <= MAX_ERRORS_PER_SCRAPE:
+        return problems
+    rest = bad_lines(problems[MAX_ERRORS_PER_SCRAPE - 1 :])
+    return [*problems[: MAX_ERRORS_PER_SCRAPE - 1], Problem("scrape", f"{rest} more problem(s) not stored")]
 
 
 def _parse_full(spec: TargetSpec, body: bytes, ts_ns: int, host: str, cache: ScrapeCache) -> Parsed:

@@ -16,11 +16,13 @@ The schema is versioned in ``ioe_schema``: a new file is created at the current 
 older file is brought forward by the steps in :data:`MIGRATIONS`.
 
 Retention: raw rows older than ``raw_retention_s`` are deleted once they have been rolled up
-into the per-minute ``*_1m`` tables, which are kept for ``rollup_retention_s``.
+into the per-minute ``*_1m`` tables, which are kept for ``rollup_retention_s``; ``ingest_errors``
+rows are kept as long as raw rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 NS_PER_MIN = 60_000_000_000
 # Block size of a new store file. DuckDB keeps rows appended since the last checkpoint in
 # memory, one block per column segment: 37 columns of the raw tables at DuckDB's default 256 KiB
@@ -72,7 +74,18 @@ SERIES_PRUNE_NS = 3600 * 1_000_000_000
 # the DuckLake store, so they change logical tables only.
 # 1 -> 2: the raw sample tables of a store file moved to the series layout. That is physical (a
 #   DuckLake keeps wide tables), so it has no statement here: Store._layout converts a file.
-MIGRATIONS: list[tuple[int, list[str]]] = [(1, [])]
+# 2 -> 3: collective_records gains algo_proto and msg_bytes_max (the Inspector textfile's
+#   algorithm/protocol label and the upper end of its bucketed message sizes).
+MIGRATIONS: list[tuple[int, list[str]]] = [
+    (1, []),
+    (
+        2,
+        [
+            "ALTER TABLE collective_records ADD COLUMN IF NOT EXISTS algo_proto VARCHAR",
+            "ALTER TABLE collective_records ADD COLUMN IF NOT EXISTS msg_bytes_max BIGINT",
+        ],
+    ),
+]
 
 
 def _cpus() -> int:
@@ -124,30 +137,74 @@ class Store(RowCounts):
         self.path = str(path)
         self.read_only = read_only
         self._lock = threading.RLock()
-        config: dict[str, Any] = {
+        self._config: dict[str, Any] = {
             "threads": threads or _cpus(),
             "autoload_known_extensions": False,
             "autoinstall_known_extensions": False,
         }
         if memory_limit:
-            config["memory_limit"] = memory_limit
+            self._config["memory_limit"] = memory_limit
         if not read_only:
-            config["wal_autocheckpoint"] = WAL_AUTOCHECKPOINT
+            self._config["wal_autocheckpoint"] = WAL_AUTOCHECKPOINT
         attached = not read_only and self.path != ":memory:"
         self._use = f"USE {ATTACHED}" if attached else ""  # makes a new cursor see the store's tables
+        self._open()
+
+    def _open(self) -> None:
+        """Connect (or reconnect: :meth:`reopen`), check, migrate and lock the database down."""
         try:
-            if attached:
-                self.con = self._attach(config)
+            if self._use:
+                self.con = self._attach(self._config)
             else:
-                self.con = duckdb.connect(self.path, read_only=read_only, config=config)
+                self.con = duckdb.connect(self.path, read_only=self.read_only, config=self._config)
         except duckdb.Error as exc:
-            raise StoreError(f"store {self.path}: cannot open ({exc})") from exc
-        self._series = {name: series.SeriesIndex(t) for name, t in TABLES.items() if t.values}
-        if not read_only:
-            self._migrate()
+            raise StoreError(f"store {self.path}: cannot open ({_first_line(exc)})") from exc
+        try:
+            self._check_size()
+            if not self.read_only:
+                self._migrate()
+        except (duckdb.Error, StoreError) as exc:
+            self.con.close()
+            if isinstance(exc, StoreError):
+                raise
+            raise StoreError(f"store {self.path}: cannot open ({_first_line(exc)})") from exc
         self.lock_down()
+        # what the writer keeps in memory is read again from the file (a reopen may follow a
+        # commit that failed)
+        self._series = {name: series.SeriesIndex(t) for name, t in TABLES.items() if t.values}
         self._newest: dict[str, int | None] = {}  # points table -> its largest ts_ns stored
         self._writer = self._new_cursor()
+
+    def _check_size(self) -> None:
+        """A file shorter than the blocks its header lists was cut off (a copy that stopped, a full
+        disk): DuckDB opens it and fails only when a query reaches a missing block, so it is
+        refused here. The file is three 4 KiB headers followed by ``total_blocks`` blocks."""
+        if self.path == ":memory:" or not Path(self.path).is_file():
+            return
+        got = self.con.execute(
+            "SELECT block_size, total_blocks FROM pragma_database_size() "
+            "WHERE database_name = current_database()"
+        ).fetchone()
+        if not got:
+            return
+        expected, size = 3 * 4096 + int(got[0]) * int(got[1]), Path(self.path).stat().st_size
+        if size < expected:
+            raise StoreError(
+                f"store {self.path}: truncated ({size} bytes, its header lists {expected}); "
+                "restore it from a copy or move it away"
+            )
+
+    def reopen(self) -> None:
+        """Close and open the file again: DuckDB invalidates a database whose checkpoint failed (a
+        full disk) until it is detached and attached again; what was committed is kept (the WAL
+        is replayed). Raises :class:`StoreError` while the file still cannot be opened."""
+        with self._lock:
+            for handle in (self._writer, self.con):
+                with contextlib.suppress(duckdb.Error):  # an invalidated database may refuse even this
+                    handle.close()
+            if self._use and not Path(self.path).is_file():  # never a new, empty store in its place
+                raise StoreError(f"store {self.path}: no such file (it was moved or deleted)")
+            self._open()
 
     def _attach(self, config: dict[str, Any]) -> duckdb.DuckDBPyConnection:
         """A writable file store, attached (with :data:`BLOCK_SIZE` when the file is new) and made
@@ -369,6 +426,8 @@ class Store(RowCounts):
         raw_before = min(now_ns - int(retention.raw_s * 1e9), cutoff)
         for table, index in self._series.items():  # the raw tables
             done[f"deleted_{table}"] = self._delete_before(index.points.name, "ts_ns", raw_before)
+        # refused inputs are kept as long as raw rows (a garbage source adds some every scrape)
+        done["deleted_ingest_errors"] = self._delete_before("ingest_errors", "ts_ns", raw_before)
         if now_ns - self._state("series_pruned_ns") >= SERIES_PRUNE_NS:
             for name, index in self._series.items():
                 done[f"pruned_{name}_series"] = index.prune(self.con)
@@ -403,6 +462,10 @@ class Store(RowCounts):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def _text(value: str) -> str:

@@ -4,6 +4,22 @@ Sources never block on the store. ``QueueSink.write`` enqueues a batch and retur
 when the queue is full it raises :class:`collector.sink.Overloaded` (receivers answer
 "retry later") or, through :meth:`QueueSink.offer`, drops the batch and counts it (scrapers).
 The writer thread coalesces what is queued per table and inserts each table once per flush.
+
+Rules:
+
+1. A flush writes each table's queued batches as one insert. When that insert fails on the
+   data (a value that does not fit its column, a NULL key: anything but an I/O or memory
+   failure of the store), the batches are written one by one, and a batch that still fails is
+   halved until the rows it cannot take are found: those rows alone are dropped, counted
+   (``on_error``) and described in ``ingest_errors`` naming the table, the row's source and
+   the store's reason. One bad row never costs another target's rows, nor the rest of its own.
+2. The search is bounded: after :data:`MAX_ISOLATION_WRITES` failed writes in one flush the
+   parts not yet resolved are dropped whole (counted, logged).
+3. A source that must know when its rows are committed (the Inspector tailer saves its read
+   offsets only then) queues a callback with :meth:`QueueSink.after_commit` behind its
+   batches. The writer calls it with True after the flush that wrote everything queued before
+   it, or with False when a store failure (I/O, memory) dropped rows of that flush, so the
+   source reads those bytes again.
 """
 
 from __future__ import annotations
@@ -28,6 +44,27 @@ log = logging.getLogger(__name__)
 
 _STOP = ("", None)
 _FLUSH = ("__flush__", None)
+_ACK = "__ack__"
+MAX_ISOLATION_WRITES = 256
+
+
+def store_failure(exc: BaseException) -> bool:
+    """Rule 1: the store itself failed (I/O, memory, a closed or invalidated database), so the
+    rows may be fine and are not searched for a bad one."""
+    import duckdb
+
+    failures = (
+        MemoryError,
+        OSError,
+        duckdb.IOException,
+        duckdb.OutOfMemoryException,
+        duckdb.FatalException,
+        duckdb.InternalException,
+        duckdb.TransactionException,
+        duckdb.ConnectionException,
+    )
+    text = str(exc)
+    return isinstance(exc, failures) or "invalidated" in text or "read-only" in text
 
 
 class QueueSink:
@@ -44,6 +81,14 @@ class QueueSink:
         except queue.Full as exc:
             raise Overloaded(f"write queue full ({self.queue.maxsize} batches)") from exc
         return len(rows)
+
+    def after_commit(self, callback: Callable[[bool], None]) -> None:
+        """Rule 3: call ``callback(committed)`` once everything queued so far went to the store;
+        raises ``Overloaded`` when the queue is full (the caller then waits for a later one)."""
+        try:
+            self.queue.put_nowait((_ACK, callback))
+        except queue.Full as exc:
+            raise Overloaded(f"write queue full ({self.queue.maxsize} batches)") from exc
 
     def offer(self, table: str, batch: Batch | pl.DataFrame) -> bool:
         """Enqueue or drop (counted); never raises for a full queue."""
@@ -88,12 +133,21 @@ class WriterThread(threading.Thread):
     def run(self) -> None:
         while not self._stopping.is_set():
             deadline = time.monotonic() + self.flush_interval_s
-            pending, flush_asked = self._collect(deadline)
-            self._flush(pending)
+            pending, flush_asked, acks = self._collect(deadline)
+            self._acknowledge(acks, self._flush(pending))
             if flush_asked:
                 self._flushed.set()
-        self._flush(self._collect(time.monotonic())[0])
+        pending, _, acks = self._collect(time.monotonic())
+        self._acknowledge(acks, self._flush(pending))
         self._flushed.set()
+
+    @staticmethod
+    def _acknowledge(acks: list[Callable[[bool], None]], committed: bool) -> None:
+        for ack in acks:  # rule 3
+            try:
+                ack(committed)
+            except Exception:
+                log.exception("commit callback failed")
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping.set()
@@ -101,9 +155,11 @@ class WriterThread(threading.Thread):
             self.source.queue.put_nowait(_STOP)
         self.join(timeout)
 
-    def _collect(self, deadline: float) -> tuple[dict[str, list[Any]], bool]:
-        """Batches queued until ``deadline`` (or a flush request), by table."""
+    def _collect(self, deadline: float) -> tuple[dict[str, list[Any]], bool, list[Callable[[bool], None]]]:
+        """Batches queued until ``deadline`` (or a flush request), by table, and the commit
+        callbacks queued behind them."""
         pending: dict[str, list[Any]] = defaultdict(list)
+        acks: list[Callable[[bool], None]] = []
         while True:
             remaining = deadline - time.monotonic()
             try:
@@ -112,22 +168,50 @@ class WriterThread(threading.Thread):
                 else:
                     item = self.source.queue.get_nowait()
             except queue.Empty:
-                return pending, False
+                return pending, False, acks
             table, frame = item
             if item == _FLUSH:
-                return pending, True
-            if frame is not None:  # None is the stop sentinel: it only wakes the thread
+                return pending, True, acks
+            if table == _ACK:
+                acks.append(frame)
+            elif frame is not None:
                 pending[table].append(frame)
+            elif self._stopping.is_set():  # the stop sentinel: flush what was collected now
+                return pending, False, acks
 
-    def _flush(self, pending: dict[str, list[Any]]) -> None:
+    def _flush(self, pending: dict[str, list[Any]]) -> bool:
+        """Write every table's batches (rule 1); False when the store failed and rows were lost."""
+        budget = [MAX_ISOLATION_WRITES]
+        committed = True
+        rejected: list[Rejected] = []
         for table, frames in pending.items():
             # Batches stay a Batch; a receiver's frames beside a scraper's batches become one frame
-            batch = concat_rows(frames, how="vertical_relaxed")
             try:
+                batch = concat_rows(frames, how="vertical_relaxed")
                 self._on_stored(table, self.store.write(table, batch))
+                continue
             except Exception as exc:  # one bad batch must not stop the writer
-                log.exception("store write to %s failed (%d rows dropped)", table, len(batch))
-                self._on_error(table, len(batch), exc)
+                if store_failure(exc):
+                    n = sum(map(len, frames))
+                    log.exception("store write to %s failed (%d rows dropped)", table, n)
+                    self._on_error(table, n, exc)
+                    committed = False
+                    continue
+                log.warning("store write to %s refused its data (%s); isolating the bad rows", table, exc)
+            for frame in frames:
+                committed &= self._isolate(table, frame, budget, rejected)
+        if rejected:
+            self._record_rejected(rejected)
+        return committed
+
+    def _isolate(self, table: str, rows: Any, budget: list[int], rejected: list[Rejected]) -> bool:
+        return isolate(self.store, table, rows, budget, rejected, self._on_stored, self._on_error)
+
+    def _record_rejected(self, rejected: list[Rejected]) -> None:
+        try:
+            self.store.write("ingest_errors", rejected_rows(rejected, time.time_ns()))
+        except Exception:
+            log.exception("could not record %d refused part(s) in ingest_errors", len(rejected))
 
 
 class DirectSink:
@@ -161,6 +245,79 @@ class DirectSink:
             self._slots.release()
         self._on_stored(table, rows)
         return rows
+
+
+Rejected = tuple[str, Any, str]  # (table, rows, the store's reason)
+
+
+def isolate(
+    store: Sink,
+    table: str,
+    rows: Any,
+    budget: list[int],
+    rejected: list[Rejected],
+    on_stored: Callable[[str, int], None],
+    on_error: Callable[[str, int, Exception], None],
+) -> bool:
+    """Rules 1-2: store what of ``rows`` the store takes, halving a part it refuses on its
+    data; the rows it refuses alone go to ``rejected``. False when the store itself failed
+    (nothing more is tried); ``budget[0]`` counts down the failed writes still allowed."""
+    stack = [rows]
+    while stack:
+        part = stack.pop()
+        try:
+            on_stored(table, store.write(table, part))
+            continue
+        except Exception as exc:
+            if store_failure(exc):
+                log.exception("store write to %s failed (%d rows dropped)", table, len(part))
+                on_error(table, len(part), exc)
+                return False
+            budget[0] -= 1
+            reason = str(exc)
+        if len(part) == 1 or budget[0] <= 0:
+            if budget[0] <= 0:
+                log.warning("%s: gave up isolating bad rows; %d rows dropped", table, len(part))
+            on_error(table, len(part), ValueError(reason))
+            rejected.append((table, part, reason))
+            continue
+        half = len(part) // 2
+        stack += [_slice(part, half, len(part)), _slice(part, 0, half)]
+    return True
+
+
+def rejected_rows(rejected: list[Rejected], now_ns: int) -> Batch:
+    """Rule 1: one ``ingest_errors`` row per refused part, naming table, source and reason."""
+    from collector.records import batch as make_batch
+
+    rows = [(table, source_of(part), len(part), reason) for table, part, reason in rejected]
+    return make_batch(
+        "ingest_errors",
+        {
+            "ts_ns": [now_ns + i for i in range(len(rows))],
+            "source": [source for _, source, _, _ in rows],
+            "location": [f"store write to {table}" for table, _, _, _ in rows],
+            "message": [f"{n} row(s) refused by the store: {reason[:300]}" for _, _, n, reason in rows],
+        },
+    )
+
+
+def _slice(rows: Any, lo: int, hi: int) -> Any:
+    """Rows ``lo..hi`` of a Batch or polars frame."""
+    if isinstance(rows, Batch):
+        return rows.take(range(lo, hi))
+    return rows.slice(lo, hi - lo)
+
+
+def source_of(rows: Any) -> str:
+    """Where refused rows came from: their first ``source``, ``host`` or ``target`` value."""
+    columns = rows.columns
+    for name in ("source", "host", "target", "comm_id"):
+        if name in columns:
+            values = rows[name] if isinstance(rows, Batch) else rows.get_column(name).to_list()
+            if values and values[0]:
+                return str(values[0])
+    return ""
 
 
 def _framed(batch: Batch | pl.DataFrame | pa.Table) -> Batch | pl.DataFrame:

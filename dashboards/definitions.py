@@ -114,8 +114,8 @@ def fleet() -> dict[str, Any]:
         Panel(
             "p99 TTFT and ITL (IOE estimate)",
             (
-                ioe(f'ioe_deployment_ttft_seconds{{{DEP}, quantile="0.99"}}', "{{deployment}} TTFT p99"),
-                ioe(f'ioe_deployment_itl_seconds{{{DEP}, quantile="0.99"}}', "{{deployment}} ITL p99"),
+                ioe(f"ioe_deployment_ttft_p99_seconds{{{DEP}}}", "{{deployment}} TTFT p99"),
+                ioe(f"ioe_deployment_itl_p99_seconds{{{DEP}}}", "{{deployment}} ITL p99"),
             ),
             unit="s",
         ),
@@ -175,8 +175,10 @@ def deployment() -> dict[str, Any]:
         Panel(
             "TTFT and ITL (IOE estimate)",
             (
-                ioe(f"ioe_deployment_ttft_seconds{{{DEP}}}", "{{deployment}} TTFT q{{quantile}}"),
-                ioe(f"ioe_deployment_itl_seconds{{{DEP}}}", "{{deployment}} ITL q{{quantile}}"),
+                ioe(f"ioe_deployment_ttft_p50_seconds{{{DEP}}}", "{{deployment}} TTFT p50"),
+                ioe(f"ioe_deployment_ttft_p99_seconds{{{DEP}}}", "{{deployment}} TTFT p99"),
+                ioe(f"ioe_deployment_itl_p50_seconds{{{DEP}}}", "{{deployment}} ITL p50"),
+                ioe(f"ioe_deployment_itl_p99_seconds{{{DEP}}}", "{{deployment}} ITL p99"),
             ),
             unit="s",
         ),
@@ -381,7 +383,12 @@ def collectives() -> dict[str, Any]:
     panels = [
         Panel(
             "Straggler score per rank",
-            (ioe(f"ioe_straggler_score{{{DEP}}}", "{{deployment}} rank {{rank}} ({{host}} GPU {{gpu}})"),),
+            (
+                ioe(
+                    f"ioe_straggler_score_ratio{{{DEP}}}",
+                    "{{deployment}} rank {{rank}} ({{host}} GPU {{gpu}})",
+                ),
+            ),
             unit="percentunit",
             max_value=1,
             description="Share of the peers' collective wait blamed on the rank (last to arrive).",

@@ -50,6 +50,7 @@ def demo_settings(sim: Simulation, workdir: Path, port: int) -> Settings:
         readers=NodeReaders(nvml=True, dcgm=True, infiniband=True, sysfs_infiniband=str(workdir / "no-ib")),
         flush_interval_s=0.5,
         maintenance_interval_s=30.0,
+        analysis=DEMO_THRESHOLDS,  # the page, API and /metrics judge with the report's settings
     )
 
 
@@ -64,7 +65,7 @@ async def run_demo(
     """Run the whole demo; returns the report that was printed."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix="ioe-demo-"))
     port = port or free_port()
-    sim = Simulation(demo_deployments(surge_at_s=warmup_s / 2), otlp_endpoint=f"http://127.0.0.1:{port}/v1/traces",
+    sim = Simulation(demo_deployments(surge_at_s=warmup_s * 0.6), otlp_endpoint=f"http://127.0.0.1:{port}/v1/traces",
                      inspector_dir=str(workdir / "nccl"))  # fmt: skip
     agent = Agent(demo_settings(sim, workdir, port))
     echo(f"ioe demo: {len(sim.deployments)} simulated deployments, "

@@ -19,6 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from analyzer.thresholds import Thresholds
+
 ENV_PREFIX = "IOE_"
 
 
@@ -120,6 +122,9 @@ class Settings(_Model):
     allow_unauthenticated: bool = False
     # Kept so older config files still load: reads always need the token when one is set.
     require_token_for_reads: bool = True
+    # The analysis settings every surface uses (thresholds, bin size, baseline mode): the
+    # `analysis:` block, IOE_ANALYSIS__<FIELD>, and `ioe analyze --set field=value`.
+    analysis: Thresholds = Field(default_factory=Thresholds)
 
     @field_validator("targets")
     @classmethod
@@ -205,6 +210,27 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
             out[k] = _merge(out[k], v)
         else:
             out[k] = v
+    return out
+
+
+def analysis_origins(
+    config: str | Path | None, environ: Mapping[str, str] | None = None, sets: Mapping[str, Any] | None = None
+) -> dict[str, str]:
+    """Where each analysis setting in force came from: argument, environment, config or default."""
+    env = dict(os.environ if environ is None else environ)
+    config = config or env.get("IOE_CONFIG") or None
+    block = (read_config_file(config).get("analysis") or {}) if config else {}
+    from_env = env_overrides(env).get("analysis") or {}
+    out = {}
+    for name in Thresholds.model_fields:
+        if sets and name in sets:
+            out[name] = "argument --set"
+        elif name in from_env:
+            out[name] = f"environment {ENV_PREFIX}ANALYSIS__{name.upper()}"
+        elif isinstance(block, dict) and name in block:
+            out[name] = f"config {config}"
+        else:
+            out[name] = "default"
     return out
 
 

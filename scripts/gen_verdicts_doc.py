@@ -42,7 +42,9 @@ def _rows(root: Path) -> list[tuple[str, str, str, str, str, str]]:
                 "" if sc.expected.cross_node is None else (" (cross-node)" if sc.expected.cross_node else "")
             )
             got = str(env["primary"])
-            mark = "yes" if got == zone else "**no**"
+            if got == "network" and sc.expected.cross_node is not None:
+                got += " (cross-node)" if env["critical_path"]["network_in_path"] else ""
+            mark = "yes" if got == zone + cross else "**no**"
             out.append((name, window, zone + cross, got, f"{float(env['confidence']):.2f}", mark))
     return out
 
@@ -60,7 +62,9 @@ def render_doc(root: Path) -> str:
         "fails when this file is stale). Each scenario is written by `tests/truthgen` from first-principles",
         "step costs in the real formats (dcgm-exporter, vLLM 0.33 `/metrics`, NCCL Inspector JSONL),",
         "ingested through `ioe ingest`'s path, and judged by `ioe analyze --json` over the capture (per",
-        "window where the wall moves). Surfaces other than the CLI are not tabled yet.",
+        "window where the wall moves). The API's envelope JSON (the page's only source) and `/metrics`",
+        "give the same verdict on every whole-capture scenario: `tests/test_truth_surfaces.py` holds them",
+        "to it. `network (cross-node)` means IOE also found the network in the critical path.",
         "",
         "| scenario | window | expected (expert) | `ioe analyze` | confidence | agrees |",
         "|---|---|---|---|---|---|",

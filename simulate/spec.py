@@ -6,7 +6,8 @@ different zone of the envelope, by construction of its workload and layout:
 1. ``chat-8b``: Llama-3.1-8B, one H100 PCIe (2.0 TB/s HBM) per replica, DP 2, Azure conversation
    trace with prompts capped at 256 tokens (a chat front end) → decode-dominated, HBM-bandwidth
    bound (weights take ~10 of a ~14 ms step); its load
-   triples half-way through the warm-up (a p99 regression).
+   triples 60 % of the way through the warm-up, clear of the report's half-way baseline split
+   (a p99 regression).
 2. ``code-70b``: Llama-3.1-70B TP 4 on H100 NVLink, Azure code trace's requests (long prompts,
    few output tokens) as a steady Poisson stream → prefill-heavy, compute bound; GPU 2 is
    throttled (thermal, 80 % clock): a straggler with matching clocks, throttle reasons and
@@ -75,7 +76,7 @@ def demo_deployments(surge_at_s: float) -> list[SimDeployment]:
     return [
         SimDeployment("chat-8b", "llama-3.1-8b", dp=2, workload="azure_conv", speed=2.0, max_isl=256,
                       gpu="h100_pcie", faults=chat_surge, seed=1),
-        SimDeployment("code-70b", "llama-3.1-70b", tp=4, workload="azure_code", speed=2.0, max_isl=6000,
+        SimDeployment("code-70b", "llama-3.1-70b", tp=4, workload="azure_code", speed=2.5, max_isl=6000,
                       poisson=True, faults=throttled, seed=2),
         SimDeployment("longctx-70b", "llama-3.1-70b", tp=4, workload="mooncake", speed=0.5, seed=3),
         SimDeployment("tp16-ib", "llama-3.1-70b", tp=16, workload="azure_conv", speed=1.0, fabric="ib_ndr",

@@ -116,7 +116,7 @@ def test_fast_path_takes_only_the_default_window(route: str, query: bytes, defau
     fast = SnapshotFastPath(lambda *a: None, state, window_s=900.0, points=120)  # type: ignore[arg-type]
     scope = {"type": "http", "path": f"{BASE}/{route}", "query_string": query}
     assert fast.snapshot_key(scope) == ((route, "llama70b") if default else None)
-    assert fast.snapshot_key({**scope, "path": f"/api/v1/deployments/bad name/{route}"}) is None
+    assert fast.snapshot_key({**scope, "path": f"/api/v1/deployments/bad\x00name/{route}"}) is None
 
 
 @pytest.fixture(scope="module")

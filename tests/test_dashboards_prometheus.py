@@ -99,10 +99,12 @@ def ioe_test_exposition() -> bytes:
         gauge("ioe_deployment_zone", ("deployment", "zone")),
         gauge("ioe_deployment_zone_confidence_ratio", ("deployment",)),
     )
-    ttft, itl = (
-        gauge("ioe_deployment_ttft_seconds", ("deployment", "quantile")),
-        gauge("ioe_deployment_itl_seconds", ("deployment", "quantile")),
-    )
+    QUANTILE_VALUES = {("ttft", 50): 0.12, ("ttft", 99): 0.9, ("itl", 50): 0.018, ("itl", 99): 0.06}
+    quantiles = {
+        (sig, q): gauge(f"ioe_deployment_{sig}_p{q}_seconds", ("deployment",))
+        for sig in ("ttft", "itl")
+        for q in (50, 99)
+    }
     per_dep = {
         n: gauge(n, ("deployment",))
         for n in (
@@ -115,7 +117,7 @@ def ioe_test_exposition() -> bytes:
         )
     }
     regression = gauge("ioe_deployment_p99_regression_ratio", ("deployment", "signal"))
-    score = gauge("ioe_straggler_score", ("deployment", "rank", "host", "gpu"))
+    score = gauge("ioe_straggler_score_ratio", ("deployment", "rank", "host", "gpu"))
     flag = gauge("ioe_straggler", ("deployment", "rank", "host", "gpu"))
     up = gauge("ioe_target_up", ("target", "kind"))
     zones = {"llama-8b-vllm": "network", "llama-8b-sglang": "kv_capacity", "qwen-32b-trtllm": "compute"}
@@ -123,10 +125,8 @@ def ioe_test_exposition() -> bytes:
         for z in ("compute", "hbm_bandwidth", "kv_capacity", "network", "headroom"):
             zone.labels(dep, z).set(1.0 if z == primary else 0.0)
         conf.labels(dep).set(0.8)
-        ttft.labels(dep, "0.5").set(0.12)
-        ttft.labels(dep, "0.99").set(0.9)
-        itl.labels(dep, "0.5").set(0.018)
-        itl.labels(dep, "0.99").set(0.06)
+        for key, value in QUANTILE_VALUES.items():
+            quantiles[key].labels(dep).set(value)
         for i, g in enumerate(per_dep.values()):
             g.labels(dep).set(0.1 * (i + 1))
         regression.labels(dep, "ttft").set(1.1)

@@ -54,23 +54,23 @@ def test_kv_capacity_bound() -> None:
     )  # 2 engines × 0.5/s
     assert _ev(v, "kv_capacity", "waiting_over_running").value == pytest.approx(0.8, abs=0.01)
     assert _ev(v, "kv_capacity", "queue_share_of_ttft").value == pytest.approx(0.85, abs=0.01)
-    # the load is steady: the slope-based network signals are not judged, and say why
-    assert _ev(v, "network", "latency_slope_vs_concurrency").verdict == "n/a"
+    # TP8 in one node: the network is not in the critical path, so the zone is not judged and the
+    # collective time is reported as fabric overhead
+    assert v.scores["network"] is None
+    assert _ev(v, "network", "fabric_collective_share_ratio").verdict == "info"
 
 
 def test_network_critical_with_the_four_signals() -> None:
     v, _ = _verdict("network")
     assert v.primary == "network"
     assert _ev(v, "network", "collective_share_ratio").value == pytest.approx(0.4, abs=0.01)
+    # busbw and ITL p99/p50 are reported, never judged: small messages are latency-bound
     busbw = _ev(v, "network", "busbw_over_capability")
-    assert busbw.value == pytest.approx(18 / 45, abs=0.01) and busbw.verdict == "pass"
-    four = [
-        "latency_slope_vs_concurrency",
-        "p50_p99_gap_widening",
-        "throughput_elasticity",
-        "decode_stall_ratio",
-    ]
-    assert [_ev(v, "network", s).verdict for s in four] == ["pass"] * 4
+    assert busbw.value == pytest.approx(18 / 45, abs=0.01) and busbw.verdict == "info"
+    assert _ev(v, "network", "decode_stall_ratio").verdict == "info"
+    three = ["latency_slope_vs_concurrency", "p50_p99_gap_widening", "throughput_elasticity"]
+    assert [_ev(v, "network", s).verdict for s in three] == ["pass"] * 3
+    assert v.critical_path["network_in_path"] and "span nodes" in v.critical_path["why"]
     assert _ev(v, "network", "throughput_elasticity").value == pytest.approx(0.3, abs=0.08)
     assert "unsaturated" in _ev(v, "network", "latency_slope_vs_concurrency").source
 
@@ -85,8 +85,8 @@ def test_mixed_gets_the_right_secondary() -> None:
     v, _ = _verdict("mixed")
     assert (v.primary, v.secondary) == ("hbm_bandwidth", "kv_capacity")
     assert v.scores["kv_capacity"] == 0.5
-    # GPUs are busy: latency rising with load is not blamed on the network
-    assert "saturated" in _ev(v, "network", "latency_slope_vs_concurrency").note
+    # one node: whatever latency does with load, the network is not in the path
+    assert v.scores["network"] is None
 
 
 def test_missing_dcgm_lowers_confidence_and_says_so() -> None:
@@ -102,7 +102,7 @@ def test_missing_dcgm_lowers_confidence_and_says_so() -> None:
 def test_missing_collectives_named_not_guessed() -> None:
     v, _ = _verdict("hbm_bandwidth", with_collectives=False)
     assert any(m.startswith("collectives:") for m in v.missing)
-    assert _ev(v, "network", "collective_share_ratio").verdict == "n/a"
+    assert _ev(v, "network", "fabric_collective_share_ratio").value is None
     assert "no collective records" in v.notes[0]
 
 
@@ -121,6 +121,9 @@ def test_injected_collectives_and_latency_model_are_used() -> None:
     assert _ev(v, "network", "collective_share_ratio").value == 0.55
     assert "injected" in _ev(v, "network", "collective_share_ratio").source
     excess = _ev(v, "network", "itl_measured_over_expected")
-    assert excess.value == pytest.approx(0.058 / 0.02, rel=0.05) and excess.verdict == "pass"
-    assert calls and calls[0]["running"] == pytest.approx(40.0, rel=0.05)
+    # the load ramps, so the means are over its high-load part: ITL there is above the window's
+    # 58 ms mean
+    assert any("load ramps" in n for n in v.notes)
+    assert excess.value > 0.058 / 0.02 and excess.verdict == "info"
+    assert calls and calls[0]["running"] > 40.0  # the high-load part of a ramp averaging 40
     assert not any("not wired" in m for m in v.missing)

@@ -111,13 +111,15 @@ def test_concepts_are_documented() -> None:
     import collector.formats.engine as engine
 
     for concept in CONCEPTS:
-        assert f"``{concept.removesuffix('_sum')}" in (engine.__doc__ or ""), concept
+        assert f"``{concept.removesuffix('_sum').removesuffix('_count')}" in (engine.__doc__ or ""), concept
 
 
 def test_parse_scrape_auto_reads_a_mixed_body() -> None:
     body = (DATA / "dcgm" / "h100x8_k8s_pod_labels.prom").read_bytes() + VLLM_DP2.read_bytes()
     parsed = parse_scrape(body, kind="auto", ts_ns=9, host="n1", source="mixed")
-    assert parsed.tables["gpu_samples"].height == 30 and parsed.tables["engine_samples"].height == 68
+    assert (
+        parsed.tables["gpu_samples"].height == 30 and parsed.tables["engine_samples"].height == 74
+    )  # 68 + 3 MFU counters × 2 engines
     only_gpu = parse_scrape(body, kind="dcgm", ts_ns=9)
     assert set(only_gpu.tables) == {"gpu_samples"}
     with pytest.raises(ValueError, match="kind"):
@@ -127,7 +129,7 @@ def test_parse_scrape_auto_reads_a_mixed_body() -> None:
 def test_parse_scrape_garbage_and_cap() -> None:
     body = VLLM_DP2.read_bytes() + b"\n\xff\xfe\x00garbage\x81\n"
     parsed = parse_scrape(body, ts_ns=1, source="t1")
-    assert parsed.tables["engine_samples"].height == 68
+    assert parsed.tables["engine_samples"].height == 74  # 68 + 3 MFU counters × 2 engines
     (problem,) = parsed.problems
     assert problem.location == f"t1: line {VLLM_DP2.read_text().count(chr(10)) + 2}"
     with pytest.raises(ParseError, match="exceeds the cap"):

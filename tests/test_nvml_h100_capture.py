@@ -143,13 +143,27 @@ def test_nvidia_smi_agrees_on_power_and_clock(name: str) -> None:
     assert _smi(name, 2) == pytest.approx(median(name, "sm_clock_mhz"), rel=0.05)
 
 
+# The capture holds GPU counters only: with no engine series nothing shows whether requests
+# queue, so an idle GPU alone is "unknown", not headroom. Given an engine that shows one request
+# running and none waiting (the capture's own loop ran one stream at a time), it is headroom.
+QUIET_ENGINE = {"requests_running": 1.0, "requests_waiting": 0.0, "kv_usage_ratio": 0.01}
+
+
 @pytest.mark.parametrize(
-    ("name", "zone"),
-    [("compute", "compute"), ("memory", "hbm_bandwidth"), ("idle", "headroom"), ("tiny", "headroom")],
+    ("name", "engine", "zone"),
+    [
+        ("compute", False, "compute"),
+        ("memory", False, "hbm_bandwidth"),
+        ("idle", False, "unknown"),
+        ("tiny", False, "unknown"),
+        ("idle", True, "headroom"),
+        ("tiny", True, "headroom"),
+    ],
 )
-def test_envelope_rule_names_each_phase_wall(name: str, zone: str) -> None:
+def test_envelope_rule_names_each_phase_wall(name: str, engine: bool, zone: str) -> None:
     gpu = {m: median(name, m) for m in ("sm_active_ratio", "tensor_active_ratio", "dram_active_ratio")}
     p = phase(name)
-    v = classify(Signals(gpu=gpu), Thresholds(), name, p["start_ns"], p["end_ns"])
+    sig = Signals(gpu=gpu, engine=dict(QUIET_ENGINE) if engine else {})
+    v = classify(sig, Thresholds(), name, p["start_ns"], p["end_ns"])
     assert v.primary == zone
     assert v.secondary is None  # a copy's busy SMs are no compute evidence; an idle GPU no HBM one

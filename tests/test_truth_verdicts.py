@@ -23,22 +23,8 @@ def _xfail(why: str) -> Any:
     return pytest.mark.xfail(strict=True, reason=f"issue 18: {why}")
 
 
-# Verdicts today's analyzer (main 113aa8e) gets wrong, and why its rule misfires.
-KNOWN_WRONG: dict[str, str] = {
-    "tp16_ib_ramp": "headroom: network scores 0.5 (collective share 0.90 and busbw pass, but the §16 slope "
-    "and gap checks and ITL-vs-model fail) and headroom is whatever is left below 0.6; nothing asks whether "
-    "the TP group crosses nodes",
-    "tp16_ib_plateau": "headroom while requests queue (waiting/running 1.8, queue = TTFT): on a plateau the "
-    "§16 checks go n/a, busbw of large all-reduces is near link peak (fails), and queueing is not used "
-    "against headroom",
-    "moe_ep16_two_nodes": "headroom: the collective share is the median over every rank's communicator, so "
-    "the in-node TP8 all-reduces (0.17) hide the cross-node EP all-gather/reduce-scatter; busbw fails too",
-    "pd_slow_kv_transfer": "headroom: no rule reads a prefill→decode KV transfer (decode engine's deferred "
-    "waiting, queue 97 % of TTFT) as network",
-    "no_profiling_fields": "headroom at confidence 0.05: missing DCGM_FI_PROF_* evidence is not 'unknown'",
-    "no_profiling_overload": "headroom while the queue grows: without profiling fields a queueing deployment "
-    "should be 'saturated — wall not identified', never headroom",
-}
+# Verdicts today's analyzer gets wrong, and why its rule misfires (none since the issue 18 rules).
+KNOWN_WRONG: dict[str, str] = {}
 KNOWN_WRONG_WINDOWS: dict[tuple[str, int], str] = {}
 
 

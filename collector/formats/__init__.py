@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,11 +26,18 @@ SNIFF_BYTES = 64 * 1024
 
 @dataclass(frozen=True)
 class IngestContext:
-    """What a file does not say about itself: when it was captured and on which host."""
+    """What a file does not say about itself: when it was captured and on which host.
+
+    ``ts_given``: ``ts_ns`` was stated by the user (``ioe ingest --ts``), so it wins over what a
+    loader could guess (a file's mtime); otherwise it is only the import time."""
 
     ts_ns: int
     host: str = ""
     source: str = ""
+    # the file's name in series identities: its path under the folder being imported
+    # (``node0/metrics.prom``), so two nodes' files of one name stay distinct series
+    name: str = ""
+    ts_given: bool = False
 
 
 @dataclass
@@ -44,6 +51,7 @@ class Parsed:
 
     batches: dict[str, Any] = field(default_factory=dict)  # table -> Batch | pl.DataFrame
     problems: list[Problem] = field(default_factory=list)
+    lines: int = 0  # input lines read, where a streamed file format counts them (ingest's bad share)
 
     @property
     def tables(self) -> dict[str, pl.DataFrame]:
@@ -68,13 +76,18 @@ class FileFormat:
 
     ``sniff(name, head)`` looks at the file name and its first :data:`SNIFF_BYTES` (already
     gunzipped) and says whether this format reads it; ``load(path, ctx)`` parses it. Lower
-    ``priority`` is tried first.
+    ``priority`` is tried first. ``stream(path, ctx)``, where given, yields the rows a chunk
+    at a time, so a file of any size is imported with bounded memory (ingest prefers it).
+    ``explain(name, head)``, for a head no format claimed, says how close it came:
+    ``(closeness 0..1, what is missing)``, or None when it is nothing like it.
     """
 
     name: str
     sniff: Callable[[str, bytes], bool]
     load: Callable[[Path, IngestContext], Parsed]
     priority: int = 100
+    stream: Callable[[Path, IngestContext], Iterator[Parsed]] | None = None
+    explain: Callable[[str, bytes], tuple[float, str] | None] | None = None
 
 
 def file_formats() -> list[FileFormat]:

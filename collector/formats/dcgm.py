@@ -6,8 +6,10 @@ conversion of GPU counters happens here, once. :data:`GPU_METRICS` lists the can
 
 Rules:
 
-1. A sample is a GPU sample when its name starts with ``DCGM_FI_`` or ``DCGM_EXP_``; other
-   families in the same body (``go_*``, engine metrics) are ignored here.
+1. A sample is a GPU sample when its name starts with ``DCGM_FI_`` or ``DCGM_EXP_``, or is one
+   of Triton's GPU gauges (``nv_gpu_utilization`` 0..1, ``nv_gpu_memory_*_bytes``,
+   ``nv_gpu_power_*`` W, ``nv_energy_consumption`` J); other families in the same body
+   (``go_*``, engine metrics) are ignored here.
 2. Known fields get their canonical name and ``value × scale``: percent → ratio (×0.01),
    MiB → bytes (×1,048,576), ``NVLINK_BANDWIDTH_TOTAL`` (field 449) is a MB/s *rate* despite
    its "counter" type → bytes/s (×1e6), energy mJ → J (×0.001), violation ns → s (×1e-9).
@@ -29,6 +31,11 @@ Rules:
    everything but the time and the value) are computed once per metric name and label
    mapping and reused while the parser hands out the same mapping (see
    :class:`collector.formats.exposition.ParseCache`). Rows are identical with or without it.
+9. A sample whose ``gpu`` or ``nvlink`` label is an integer outside the store's INTEGER
+   (32-bit) range is refused as a Problem naming the metric and the field; nothing is stored
+   for it (a timestamp outside the nanosecond range is refused by the exposition parser).
+10. A negative value of a cumulative field (a ``*_total`` count, energy, violation time) is
+    refused as a Problem: counters never go below zero, and a rate from it would be bogus.
 """
 
 from __future__ import annotations
@@ -39,11 +46,12 @@ from typing import Any, NamedTuple
 
 from collector.errors import Problem
 from collector.formats import Parsed
-from collector.formats.exposition import Exposition, Sample
+from collector.formats.exposition import Exposition, Sample, series_text
 from collector.records import batch
 
 BLANK_MIN = 1e14
 MIB = 1024 * 1024
+INT32_MAX = 2**31 - 1
 
 
 class Field(NamedTuple):
@@ -119,10 +127,18 @@ FIELD_LIST: tuple[Field, ...] = (
     _F(1010, "DCGM_FI_PROF_PCIE_RX_BYTES", "pcie_rx_bytes_per_s"),
     _F(1011, "DCGM_FI_PROF_NVLINK_TX_BYTES", "nvlink_tx_bytes_per_s"),
     _F(1012, "DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_rx_bytes_per_s"),
+    # Triton's own GPU gauges (read through DCGM by Triton, labelled gpu_uuid): rule 1
+    _F(-1, "nv_gpu_utilization", "gpu_util_ratio"),  # already 0..1
+    _F(-1, "nv_gpu_memory_total_bytes", "fb_total_bytes"),
+    _F(-1, "nv_gpu_memory_used_bytes", "fb_used_bytes"),
+    _F(-1, "nv_gpu_power_usage", "power_w"),
+    _F(-1, "nv_gpu_power_limit", "power_limit_w"),
+    _F(-1, "nv_energy_consumption", "energy_j"),  # J since Triton started
 )
 FIELDS: dict[str, Field] = {f.dcgm: f for f in FIELD_LIST}
 FIELDS_BY_ID: dict[int, Field] = {f.id: f for f in FIELD_LIST if f.id >= 0}
 GPU_METRICS: tuple[str, ...] = tuple(dict.fromkeys(f.name for f in FIELD_LIST))
+_TRITON_GPU = frozenset(f.dcgm for f in FIELD_LIST if f.dcgm.startswith("nv_"))
 
 _HOST = ("Hostname", "hostname")
 _UUID = ("UUID", "uuid", "gpu_uuid")
@@ -134,7 +150,7 @@ _CONTAINER = ("container", "container_name")
 
 def is_gpu_metric(name: str) -> bool:
     """Rule 1."""
-    return name.startswith(("DCGM_FI_", "DCGM_EXP_"))
+    return name.startswith(("DCGM_FI_", "DCGM_EXP_")) or name in _TRITON_GPU
 
 
 def canonical(name: str) -> tuple[str, float]:
@@ -164,6 +180,7 @@ def to_gpu_samples(
     values: list[float] = []
     stamps: list[int] = []
     dropped: dict[str, int] = {}
+    refused: list[Problem] = []
     for index, sample in enumerate(exp.samples):
         if not is_gpu_metric(sample.name):
             continue
@@ -171,16 +188,38 @@ def to_gpu_samples(
             dropped[sample.name] = dropped.get(sample.name, 0) + 1
             continue
         ident = _identity(memo, sample, host, source)
+        why = _refusal(sample, ident)
+        if why:
+            refused.append(Problem(series_text(sample), why))
+            continue
         if trace is not None:
             trace.append((index, ident[1], False))
         idents.append(ident)
         values.append(sample.value * ident[1])
         stamps.append(ts_ns if sample.timestamp_ms is None else int(sample.timestamp_ms * 1_000_000))
-    parsed = Parsed()
+    parsed = Parsed(problems=refused)
     parsed.add("gpu_samples", batch("gpu_samples", _columns(idents, values, stamps)))
     if dropped:
         parsed.problems.append(_dropped_problem(dropped))
     return parsed
+
+
+def is_cumulative(metric: str) -> bool:
+    """Rule 10: a canonical GPU metric that only ever counts up."""
+    return metric.endswith(("_total", "_j", "_violation_s"))
+
+
+def _refusal(sample: Sample, ident: _Ident) -> str:
+    """Rules 9-10: why this sample cannot be stored, or ''."""
+    labels = sample.labels
+    for name in ("gpu", "nvlink"):
+        text = labels.get(name, "")
+        digits = text.removeprefix("-")
+        if digits.isascii() and digits.isdigit() and not -INT32_MAX - 1 <= int(text) <= INT32_MAX:
+            return f"field {name}: label {name}={text[:40]!r} is out of the store's INTEGER range (rule 9)"
+    if sample.value < 0 and is_cumulative(ident[5]):
+        return f"field value: counter {ident[5]} is negative ({sample.value:g}) (rule 10)"
+    return ""
 
 
 # (labels, scale, host, gpu, uuid, metric, link, source, gpu_model, pod, namespace, container,
@@ -263,10 +302,12 @@ def _first(labels: Mapping[str, str], spellings: tuple[str, ...]) -> str:
 
 
 def _int_or(text: str, default: int) -> int:
+    """``int(text)`` when it is an integer the store's INTEGER holds, else ``default``."""
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         return default
+    return value if -INT32_MAX - 1 <= value <= INT32_MAX else default
 
 
 def _dropped_problem(dropped: dict[str, int]) -> Problem:

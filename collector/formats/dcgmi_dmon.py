@@ -33,11 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from collector.errors import Problem, quote
+from collector.files import read_capped
 from collector.formats import FileFormat, IngestContext, Parsed
 from collector.formats.dcgm import FIELDS_BY_ID
 from collector.records import frame
 
 DEFAULT_DELAY_NS = 1_000_000_000
+MAX_BYTES = 512 << 20  # a capture is read whole (its blocks carry state); past this it is refused
 
 TAGS: dict[str, int] = {
     "SMCLK": 100,
@@ -179,8 +181,9 @@ def sniff(name: str, head: bytes) -> bool:
 
 
 def load(path: Path, ctx: IngestContext) -> Parsed:
-    source = f"{ctx.source}:{path.name}" if ctx.source else path.name
-    text = path.read_text(encoding="utf-8", errors="replace")
+    name = ctx.name or path.name
+    source = f"{ctx.source}:{name}" if ctx.source else name
+    text = read_capped(path, MAX_BYTES).decode("utf-8", errors="replace")
     return parse_dmon(text, ts_ns=ctx.ts_ns, host=ctx.host, source=source)
 
 

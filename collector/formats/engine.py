@@ -1,38 +1,56 @@
 """Serving-engine samples -> ``engine_samples`` and ``histogram_buckets`` rows (REFERENCE §2).
 
-One set of canonical concepts for vLLM (current and retired names), SGLang, TRT-LLM
-(``trtllm_*``), Dynamo (``dynamo_frontend_*``, ``dynamo_component_*``) and Triton
-(``nv_inference_*``). :data:`FAMILIES` is the one table of engine family -> concept.
+One set of canonical concepts for vLLM (current and retired names; Ray Serve's ``ray_vllm:``
+re-export; NVIDIA NIM's bare names), SGLang (0.3-0.5), TRT-LLM (``trtllm_*`` and Dynamo's
+``trtllm:*``), Dynamo (``dynamo_frontend_*``, ``dynamo_component_*``), Hugging Face TGI
+(``tgi_*``) and Triton (``nv_inference_*``, its TRT-LLM backend's ``nv_trt_llm_*``).
+:data:`collector.formats.engine_families.FAMILIES` is the one table of family -> concept.
 
 Canonical concepts (``engine_samples.concept`` / ``histogram_buckets.concept``):
 
 - Latency histograms, seconds: ``ttft_seconds``, ``itl_seconds`` (per engine step),
   ``tpot_seconds`` (per request), ``e2e_seconds``, ``queue_seconds``, ``prefill_seconds``,
-  ``decode_seconds``, ``inference_seconds``. Buckets go to ``histogram_buckets`` (``le`` in
-  seconds, ``+inf`` last); ``<concept>_sum`` and ``<concept>_count`` go to ``engine_samples``.
+  ``decode_seconds``, ``inference_seconds``, ``batch_step_seconds`` (TGI, one per forward
+  pass, ``method`` kept), ``worker_request_seconds`` (Dynamo worker), ``kv_transfer_seconds``
+  and ``kv_transfer_post_seconds`` (NIXL KV transfers). Buckets go to ``histogram_buckets``
+  (``le`` in seconds, ``+inf`` last); ``<concept>_sum`` and ``<concept>_count`` go to
+  ``engine_samples``. Triton's ``compute_input_seconds`` / ``compute_output_seconds`` have
+  sums and counts only; ``<concept>_quantile`` (``quantile`` kept in labels) holds a real
+  summary's quantiles.
 - Size histograms (only ``_sum``/``_count`` kept): ``request_prompt_tokens``,
-  ``request_generation_tokens``.
-- Gauges: ``requests_running``, ``requests_waiting``, ``kv_usage_ratio`` (0..1),
+  ``request_generation_tokens``, ``kv_transfer_bytes``, ``kv_transfer_descriptors``.
+- Gauges: ``requests_running``, ``requests_waiting``, ``requests_prefill``, ``requests_max``,
+  ``kv_usage_ratio`` (0..1), ``kv_blocks_used``, ``kv_blocks_max``,
   ``prefix_cache_hit_ratio`` (0..1), ``generation_tokens_per_s``.
 - Counters: ``preemptions_total``, ``prompt_tokens_total``, ``generation_tokens_total``,
   ``prefix_cache_hits_total``, ``prefix_cache_queries_total``, ``cached_tokens_total``,
   ``request_success_total`` (``finished_reason`` kept in ``labels``), ``requests_total``,
-  ``requests_aborted_total``, ``request_failure_total``.
+  ``requests_aborted_total``, ``request_failure_total``; vLLM's MFU estimates
+  ``estimated_flops_total``, ``estimated_read_bytes_total``, ``estimated_write_bytes_total``
+  (per GPU: their ``rate_per_s`` is achieved FLOP/s and HBM bytes/s); NIXL's
+  ``kv_transfer_failures_total``, ``kv_transfer_failed_notifications_total``,
+  ``kv_expired_requests_total``.
 
 Rules:
 
-1. The engine is known from the name: ``vllm:`` → vllm, ``sglang:`` → sglang, ``trtllm_`` →
-   trtllm, ``dynamo_`` → dynamo, ``nv_inference_`` → triton. Samples of families not in
-   :data:`FAMILIES` (``python_*``, ``process_*``, engine internals) are not stored, and
-   ``*_created`` samples never are.
-2. Identity columns: ``model`` from ``model_name`` (else ``model``); ``dp_rank`` from vLLM's
-   ``engine`` label (its data-parallel index) or ``dp_rank``; ``tp_rank``, ``pp_rank``;
-   ``ep_rank`` from ``moe_ep_rank`` or ``ep_rank``. A missing or non-integer rank is -1 (the
-   raw text then stays in ``labels``).
+1. The engine is known from the name: ``vllm:``/``ray_vllm:`` → vllm, ``sglang:`` → sglang,
+   ``trtllm_``/``trtllm:`` → trtllm, ``dynamo_`` → dynamo, ``nv_inference_``/``nv_trt_llm_`` →
+   triton, ``tgi_`` → tgi; a bare vLLM family name NIM exports (``num_requests_running``,
+   ``time_to_first_token_seconds``, ...) → nim, only on a series with a ``model_name`` label.
+   Samples of families not in :data:`FAMILIES` (``python_*``, ``process_*``, engine
+   internals) are not stored, and ``*_created`` samples never are.
+2. Identity columns: ``model`` from ``model_name`` (else ``model``; SGLang ≤ 0.3: ``name``);
+   ``dp_rank`` from vLLM's ``engine`` label (its data-parallel index) or ``dp_rank``;
+   ``tp_rank``, ``pp_rank``; ``ep_rank`` from ``moe_ep_rank`` or ``ep_rank``. A missing or
+   non-integer rank, or one outside the store's 32-bit INTEGER, is -1 (the raw text then stays
+   in ``labels``).
 3. Every other label (except ``le``) goes to ``labels`` as JSON with sorted keys and no
    blanks; a series without other labels has ``labels = '{}'`` (never ``''``).
 4. Triton's cumulative ``*_duration_us`` counters are seconds sums (×1e-6) and its
-   ``*_histogram_ms`` buckets are converted to seconds (le ×1e-3, sum ×1e-3).
+   ``*_histogram_ms`` buckets are converted to seconds (le ×1e-3, sum ×1e-3). Its
+   ``nv_inference_request_success`` is stored as well as the ``_count`` of each of those sums
+   (every request adds to each), so that a mean can be taken; its summaries' ``_sum`` and
+   ``_count`` equal the counters and are not stored twice.
 5. KV-usage gauges are 0..1 fractions in every engine despite names like ``_perc``; a value
    outside [0, 1.5] is refused as a Problem rather than rescaled silently.
 6. Non-finite values (NaN, ±Inf) of mapped series are dropped and counted in one Problem.
@@ -43,6 +61,17 @@ Rules:
    value factor, ``le``) is worked out once per metric name and label mapping and reused
    while the parser hands out the same mapping (see
    :class:`collector.formats.exposition.ParseCache`). Rows are identical with or without it.
+10. A negative bucket count, histogram ``_sum``/``_count`` or ``*_total`` counter is refused
+    as a Problem (counters never go below zero; a rate from one would be bogus).
+11. A family of ``LABELLED`` maps by one label's value (Triton's TRT-LLM backend:
+    ``request_type="waiting"`` → requests_waiting, ``"scheduled"`` → requests_running,
+    ``kv_cache_block_type="fraction"`` → kv_usage_ratio, ``disaggregated_serving_type=
+    "kv_cache_transfer_ms"`` → kv_transfer_seconds_sum); other values are not stored.
+12. A real summary (Triton's ``*_summary_us``) keeps its quantile series as
+    ``<concept>_quantile`` in seconds.
+12. SGLang ≤ 0.3 (a ``name`` label instead of ``model_name``): ``name`` is the model, its
+    ``sglang:num_requests_running``/``_waiting`` and ``waiting_request_latency_seconds`` (queue
+    time) are read, and its ``cache_hit_rate`` — a percentage then — is divided by 100.
 """
 
 from __future__ import annotations
@@ -54,135 +83,44 @@ from typing import Any, NamedTuple
 
 from collector.errors import Problem, quote
 from collector.formats import Parsed
-from collector.formats.exposition import Exposition, Sample
+from collector.formats import engine_families as _families
+from collector.formats.engine_families import Concept
+from collector.formats.exposition import Exposition, Sample, series_text
 from collector.records import batch
 
-
-class Concept(NamedTuple):
-    """Where one engine family goes: concept name, kind, scale of values, scale of ``le``."""
-
-    concept: str
-    kind: str  # 'gauge' | 'counter' | 'histogram' (buckets kept) | 'summary' (sum/count only)
-    scale: float = 1.0
-    le_scale: float = 1.0
-
-
-def _hist(concept: str, scale: float = 1.0) -> Concept:
-    return Concept(concept, "histogram", scale, scale)
-
-
-_LATENCY = {
-    "time_to_first_token_seconds": "ttft_seconds",
-    "inter_token_latency_seconds": "itl_seconds",
-    "request_time_per_output_token_seconds": "tpot_seconds",
-    "e2e_request_latency_seconds": "e2e_seconds",
-    "request_queue_time_seconds": "queue_seconds",
-    "request_prefill_time_seconds": "prefill_seconds",
-    "request_decode_time_seconds": "decode_seconds",
-    "request_inference_time_seconds": "inference_seconds",
-}
-
-FAMILIES: dict[str, Concept] = {
-    # vLLM 0.33 (and retired names still met in the field)
-    **{f"vllm:{k}": _hist(v) for k, v in _LATENCY.items()},
-    "vllm:time_per_output_token_seconds": _hist("itl_seconds"),  # retired name of ITL
-    "vllm:num_requests_running": Concept("requests_running", "gauge"),
-    "vllm:num_requests_waiting": Concept("requests_waiting", "gauge"),
-    "vllm:kv_cache_usage_perc": Concept("kv_usage_ratio", "gauge"),
-    "vllm:gpu_cache_usage_perc": Concept("kv_usage_ratio", "gauge"),  # retired
-    "vllm:gpu_prefix_cache_hit_rate": Concept("prefix_cache_hit_ratio", "gauge"),  # retired
-    "vllm:num_preemptions": Concept("preemptions_total", "counter"),
-    "vllm:prompt_tokens": Concept("prompt_tokens_total", "counter"),
-    "vllm:generation_tokens": Concept("generation_tokens_total", "counter"),
-    "vllm:prefix_cache_hits": Concept("prefix_cache_hits_total", "counter"),
-    "vllm:prefix_cache_queries": Concept("prefix_cache_queries_total", "counter"),
-    "vllm:gpu_prefix_cache_hits": Concept("prefix_cache_hits_total", "counter"),  # retired
-    "vllm:gpu_prefix_cache_queries": Concept("prefix_cache_queries_total", "counter"),  # retired
-    "vllm:prompt_tokens_cached": Concept("cached_tokens_total", "counter"),
-    "vllm:request_success": Concept("request_success_total", "counter"),
-    "vllm:request_prompt_tokens": Concept("request_prompt_tokens", "summary"),
-    "vllm:request_generation_tokens": Concept("request_generation_tokens", "summary"),
-    # SGLang 0.5
-    "sglang:time_to_first_token_seconds": _hist("ttft_seconds"),
-    "sglang:inter_token_latency_seconds": _hist("itl_seconds"),
-    "sglang:request_time_per_output_token_seconds": _hist("tpot_seconds"),
-    "sglang:e2e_request_latency_seconds": _hist("e2e_seconds"),
-    "sglang:queue_time_seconds": _hist("queue_seconds"),
-    "sglang:num_running_reqs": Concept("requests_running", "gauge"),
-    "sglang:num_queue_reqs": Concept("requests_waiting", "gauge"),
-    "sglang:token_usage": Concept("kv_usage_ratio", "gauge"),
-    "sglang:cache_hit_rate": Concept("prefix_cache_hit_ratio", "gauge"),
-    "sglang:gen_throughput": Concept("generation_tokens_per_s", "gauge"),
-    "sglang:num_retracted_requests": Concept("preemptions_total", "counter"),
-    "sglang:prompt_tokens": Concept("prompt_tokens_total", "counter"),
-    "sglang:generation_tokens": Concept("generation_tokens_total", "counter"),
-    "sglang:cached_tokens": Concept("cached_tokens_total", "counter"),
-    "sglang:num_requests": Concept("requests_total", "counter"),
-    "sglang:num_aborted_requests": Concept("requests_aborted_total", "counter"),
-    "sglang:prompt_tokens_histogram": Concept("request_prompt_tokens", "summary"),
-    "sglang:generation_tokens_histogram": Concept("request_generation_tokens", "summary"),
-    # TensorRT-LLM (trtllm-serve /prometheus/metrics)
-    "trtllm_time_to_first_token_seconds": _hist("ttft_seconds"),
-    "trtllm_time_per_output_token_seconds": _hist("tpot_seconds"),
-    "trtllm_e2e_request_latency_seconds": _hist("e2e_seconds"),
-    "trtllm_request_queue_time_seconds": _hist("queue_seconds"),
-    "trtllm_request_prefill_time_seconds": _hist("prefill_seconds"),
-    "trtllm_request_decode_time_seconds": _hist("decode_seconds"),
-    "trtllm_num_requests_running": Concept("requests_running", "gauge"),
-    "trtllm_num_requests_waiting": Concept("requests_waiting", "gauge"),
-    "trtllm_kv_cache_utilization": Concept("kv_usage_ratio", "gauge"),
-    "trtllm_kv_cache_hit_rate": Concept("prefix_cache_hit_ratio", "gauge"),
-    "trtllm_prompt_tokens": Concept("prompt_tokens_total", "counter"),
-    "trtllm_generation_tokens": Concept("generation_tokens_total", "counter"),
-    "trtllm_request_success": Concept("request_success_total", "counter"),
-    # Dynamo
-    "dynamo_frontend_time_to_first_token_seconds": _hist("ttft_seconds"),
-    "dynamo_frontend_inter_token_latency_seconds": _hist("itl_seconds"),
-    "dynamo_frontend_request_duration_seconds": _hist("e2e_seconds"),
-    "dynamo_frontend_inflight_requests": Concept("requests_running", "gauge"),
-    "dynamo_frontend_queued_requests": Concept("requests_waiting", "gauge"),
-    "dynamo_frontend_requests": Concept("requests_total", "counter"),
-    "dynamo_component_gpu_cache_usage_percent": Concept("kv_usage_ratio", "gauge"),
-    # Triton (rule 4)
-    "nv_inference_request_success": Concept("request_success_total", "counter"),
-    "nv_inference_request_failure": Concept("request_failure_total", "counter"),
-    "nv_inference_pending_request_count": Concept("requests_waiting", "gauge"),
-    "nv_inference_request_duration_us": Concept("e2e_seconds_sum", "counter", 1e-6),
-    "nv_inference_queue_duration_us": Concept("queue_seconds_sum", "counter", 1e-6),
-    "nv_inference_compute_infer_duration_us": Concept("inference_seconds_sum", "counter", 1e-6),
-    "nv_inference_first_response_histogram_ms": _hist("ttft_seconds", 1e-3),
-}
-
-CONCEPTS: tuple[str, ...] = tuple(dict.fromkeys(c.concept for c in FAMILIES.values()))
-ENGINES = {
-    "vllm:": "vllm",
-    "sglang:": "sglang",
-    "trtllm_": "trtllm",
-    "dynamo_": "dynamo",
-    "nv_inference_": "triton",
-}
+FAMILIES, CONCEPTS, ENGINES = _families.FAMILIES, _families.CONCEPTS, _families.ENGINES
 _RANKS = frozenset({"dp_rank", "tp_rank", "pp_rank", "moe_ep_rank", "ep_rank"})
-_SUFFIXES = ("_bucket", "_sum", "_count", "_total", "")
 _KV_MAX = 1.5
+_INT32 = 2**31
 
 
-def engine_of(name: str) -> str:
-    """Rule 1: the engine a metric name belongs to, or ''."""
-    for prefix, engine in ENGINES.items():
-        if name.startswith(prefix):
-            return engine
-    return ""
+def engine_of(name: str, labels: Mapping[str, str] | None = None) -> str:
+    """Rule 1: the engine a metric name belongs to, or '' (``labels`` decide bare NIM names)."""
+    return _families.canonical_name(name, labels)[0]
 
 
-def family_of(name: str) -> tuple[Concept, str] | None:
-    """``(concept, suffix)`` of a sample name when its family is mapped (rule 1)."""
-    for suffix in _SUFFIXES:
-        if suffix and not name.endswith(suffix):
+def family_of(name: str, labels: Mapping[str, str] | None = None) -> tuple[Concept, str] | None:
+    """``(concept, suffix)`` of a sample name when its family is mapped (rules 1, 10)."""
+    found = _mapped(name, labels)
+    return None if not found else found[0]
+
+
+def _mapped(name: str, labels: Mapping[str, str] | None) -> list[tuple[Concept, str]]:
+    """Every ``(concept, suffix)`` one sample is stored under: its family's, then ALSO's."""
+    _, canon = _families.canonical_name(name, labels)
+    for suffix in _families.SUFFIXES:
+        if suffix and not canon.endswith(suffix):
             continue
-        found = FAMILIES.get(name[: len(name) - len(suffix)] if suffix else name)
+        base = canon[: len(canon) - len(suffix)] if suffix else canon
+        found = FAMILIES.get(base)
+        if found is None and base in _families.LABELLED and labels is not None:
+            key, values = _families.LABELLED[base]
+            found = values.get(labels.get(key, ""))
+            if found is None:
+                return []
         if found is not None:
-            return found, suffix
-    return None
+            return [(found, suffix)] + [(extra, suffix) for extra in _families.ALSO.get(base, ())]
+    return []
 
 
 def to_engine_samples(
@@ -216,6 +154,7 @@ class _Series(NamedTuple):
     factor: float  # stored value = value × factor
     le: float | None  # buckets only; None: the le label is not a number
     kv: bool  # a KV-usage gauge (rule 5)
+    more: tuple[_Series, ...] = ()  # the further concepts the same sample is stored under
 
 
 EngineMemo = dict[tuple[str, int, str], _Series]
@@ -245,13 +184,23 @@ class _Rows:
         if not math.isfinite(sample.value):
             self.non_finite += 1
             return
+        ts = self.ts_ns if sample.timestamp_ms is None else int(sample.timestamp_ms * 1_000_000)
+        self.emit(series, sample, index, ts)
+        for extra in series.more:
+            self.emit(extra, sample, index, ts)
+
+    def emit(self, series: _Series, sample: Sample, index: int, ts: int) -> None:
+        """One row of ``sample`` as ``series`` maps it (rules 4-5)."""
         if not series.table:
             return
         value = sample.value * series.factor
         if series.kv and not 0.0 <= value <= _KV_MAX:
             self.problems.append(Problem(sample.name, f"KV usage {value} outside 0..1 (rule 5)"))
             return
-        ts = self.ts_ns if sample.timestamp_ms is None else int(sample.timestamp_ms * 1_000_000)
+        if value < 0 and is_cumulative(series.table, series.ident):
+            where = series_text(sample)
+            self.problems.append(Problem(where, f"field value: counter is negative ({value:g}) (rule 10)"))
+            return
         if series.table == "samples":
             self.samples.append((ts, *series.ident, value, None))
             self.trace_samples.append((index, series.factor, series.kv))
@@ -271,13 +220,18 @@ class _Rows:
         return found
 
     def new_series(self, sample: Sample) -> _Series:
-        """Rules 1-5 for one series."""
-        engine = engine_of(sample.name)
-        mapped = family_of(sample.name) if engine else None
-        if mapped is None:
+        """Rules 1-5 and 10 for one series."""
+        engine = engine_of(sample.name, sample.labels)
+        mapped = _mapped(sample.name, sample.labels) if engine else []
+        if not mapped:
             return _Series(sample.labels, False, "", (), 1.0, None, False)
-        concept, suffix = mapped
-        name, factor = _concept_value(concept, suffix, 1.0)
+        first, *rest = (self.one(engine, sample, concept, suffix) for concept, suffix in mapped)
+        return first._replace(more=tuple(rest)) if rest else first
+
+    def one(self, engine: str, sample: Sample, concept: Concept, suffix: str) -> _Series:
+        name, factor = _concept_value(concept, suffix, 1.0, "quantile" in sample.labels)
+        if name == "prefix_cache_hit_ratio" and _old_sglang_model(engine, sample.labels):
+            factor *= 0.01  # rule 12: SGLang ≤ 0.3 printed a percentage
         if name is None:
             return _Series(sample.labels, True, "", (), 1.0, None, False)
         table = "buckets" if suffix == "_bucket" else "samples"
@@ -316,8 +270,14 @@ _SAMPLE_COLUMNS = (*_ID_COLUMNS, "value", "rate_per_s")
 _BUCKET_COLUMNS = (*_ID_COLUMNS, "le", "cumulative_count")
 
 
-def _concept_value(concept: Concept, suffix: str, value: float) -> tuple[str | None, float]:
+def _concept_value(
+    concept: Concept, suffix: str, value: float, quantile: bool = False
+) -> tuple[str | None, float]:
     """The concept name a sample is stored under and its scaled value (None: not stored)."""
+    if concept.kind == "quantiles":  # rule 11
+        if suffix == "" and quantile:
+            return f"{concept.concept}_quantile", value * concept.scale
+        return None, value
     if concept.kind in ("histogram", "summary"):
         if suffix == "_sum":
             return f"{concept.concept}_sum", value * concept.scale
@@ -340,22 +300,36 @@ def _columns(names: tuple[str, ...], rows: list[tuple[Any, ...]]) -> dict[str, l
 
 def _identity(engine: str, labels: Mapping[str, str]) -> tuple[Any, ...]:
     """Rule 2-3: ``(model, dp, tp, pp, ep, labels JSON)`` of one label set."""
-    model = labels.get("model_name") or labels.get("model", "")
+    model = labels.get("model_name") or labels.get("model", "") or _old_sglang_model(engine, labels)
     dp = _rank(labels, "engine") if engine == "vllm" else _rank(labels, "dp_rank")
     ep = _rank(labels, "moe_ep_rank") if "moe_ep_rank" in labels else _rank(labels, "ep_rank")
     return (model, dp, _rank(labels, "tp_rank"), _rank(labels, "pp_rank"), ep, _labels_json(labels, engine))
 
 
+def _old_sglang_model(engine: str, labels: Mapping[str, str]) -> str:
+    """Rule 2: SGLang ≤ 0.3 named the model in a ``name`` label."""
+    if engine == "sglang" and "model_name" not in labels and "model" not in labels:
+        return labels.get("name", "")
+    return ""
+
+
 def _rank(labels: Mapping[str, str], key: str) -> int:
     try:
-        return int(labels.get(key, ""))
+        rank = int(labels.get(key, ""))
     except ValueError:
         return -1
+    return rank if -_INT32 <= rank < _INT32 else -1  # rule 2: out of the store's INTEGER range
+
+
+def is_cumulative(table: str, ident: tuple[Any, ...]) -> bool:
+    """Rule 10: a bucket count, a histogram's ``_sum``/``_count`` or a ``*_total`` counter."""
+    return table == "buckets" or str(ident[7]).endswith(("_total", "_sum", "_count"))
 
 
 def _labels_json(labels: Mapping[str, str], engine: str) -> str:
     """Rule 3: labels not consumed by an identity column, as sorted compact JSON."""
-    rest = {k: v for k, v in labels.items() if not _consumed(k, v, engine)}
+    old_name = bool(_old_sglang_model(engine, labels))
+    rest = {k: v for k, v in labels.items() if not _consumed(k, v, engine) and not (old_name and k == "name")}
     return json.dumps(rest, sort_keys=True, separators=(",", ":"))
 
 
@@ -364,7 +338,7 @@ def _consumed(key: str, value: str, engine: str) -> bool:
     if key in ("model_name", "model", "le"):
         return True
     if key in _RANKS or (key == "engine" and engine == "vllm"):
-        return value.lstrip("-").isdigit()
+        return value == "-1" or (value.lstrip("-").isdigit() and _rank({key: value}, key) != -1)
     return False
 
 

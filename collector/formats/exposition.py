@@ -10,7 +10,8 @@ Rules (numbered so that errors and tests can point at them):
    refused whole with :class:`~collector.errors.ParseError`; nothing is parsed.
 2. The dialect is OpenMetrics when ``openmetrics=True`` or, when not given, when the last
    non-blank line is ``# EOF``. OpenMetrics timestamps are seconds and are converted to ms;
-   0.0.4 timestamps are already ms. Exemplars (``# {...} v [ts]`` after an OpenMetrics value)
+   0.0.4 timestamps are already ms; a timestamp past ±9.2e12 ms (the store's 64-bit
+   nanoseconds) or non-finite makes the line bad. Exemplars (``# {...} v [ts]`` after an OpenMetrics value)
    are dropped; in 0.0.4 text they make the line bad.
 3. A sample line is ``name[{labels}] value [timestamp]``. Names match
    ``[a-zA-Z_:][a-zA-Z0-9_:]*``, label names ``[a-zA-Z_][a-zA-Z0-9_]*``, label values are
@@ -81,6 +82,7 @@ from collector.errors import ParseError, Problem, quote
 
 MAX_BODY_CHARS = 16 * 1024 * 1024
 MAX_PROBLEMS = 100
+MAX_TIMESTAMP_MS = 9.2e12  # the store keeps nanoseconds in a signed 64-bit integer
 
 TYPES_004 = frozenset({"counter", "gauge", "histogram", "summary", "untyped"})
 TYPES_OM = frozenset(
@@ -149,6 +151,13 @@ class Exposition:
                 if found is not None:
                     return found
         return "untyped"
+
+
+def series_text(sample: Sample, limit: int = 240) -> str:
+    """``name{k="v",...}`` of a sample, cut at ``limit`` characters: how a problem names it."""
+    inner = ",".join(f'{k}="{v}"' for k, v in sample.labels.items())
+    text = f"{sample.name}{{{inner}}}" if inner else sample.name
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def is_openmetrics(text: str) -> bool:
@@ -516,6 +525,8 @@ class _State:
             if ts is None:
                 return f"bad timestamp {ts_text!r} (rule 2)"
             ts_ms = ts * 1000.0 if self.om else ts
+            if not abs(ts_ms) < MAX_TIMESTAMP_MS:
+                return f"timestamp {ts_text!r} is out of range (rule 2)"
         if self.clash and name.startswith(self.clash):
             name = self.family + name[len(self.clash) :]
         return Sample(name, labels, value, ts_ms)

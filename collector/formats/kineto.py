@@ -32,6 +32,11 @@ kernel's own args when present, else from the innermost enclosing ``record_param
 the process group name; ``coll_sn`` is ``Seq``, or, without it, the kernel's ordinal within its
 communicator on this rank. Without any args the op comes from the kernel name.
 
+7. A collective keeps the trace's own times, not rule 2's rounded ones: ``start_us``,
+   ``stop_us`` and ``exec_us`` are the float µs the trace holds (ns resolution), and algbw/busbw
+   are computed from that duration: a 21.95 µs all-gather rounded inward to 21 µs would
+   overstate its bandwidth by 4.5 %. ``kernel_events`` stay rounded (HTA parity).
+
 Decoding: ``msgspec`` with typed dicts keeps only the keys above (a document it refuses, e.g. one
 with a non-object event, is decoded in full with ``orjson``, stdlib ``json`` as the last fallback);
 the parsed result is the same either way.
@@ -44,7 +49,6 @@ from __future__ import annotations
 
 import bisect
 import gc
-import gzip
 import math
 import re
 from collections.abc import Iterable, Iterator
@@ -54,8 +58,11 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from collector.errors import ParseError, Problem
+from collector.files import read_capped
 from collector.formats import FileFormat, IngestContext, Parsed
 from collector.records import frame
+
+MAX_TRACE_BYTES = 4 << 30  # a trace is one JSON document, read whole; past this it is refused
 
 try:  # orjson is ~5x faster than the stdlib decoder; both give the same Python objects.
     import orjson
@@ -190,6 +197,7 @@ def scan_events(events: Iterable[Any]) -> _Scan:
         if dur is None or cat is None or cat == "Trace" or ts is None:
             continue
         try:
+            raw = (float(ts), float(dur))  # rule 7: collectives keep the unrounded times
             end = math.floor(ts + dur)
             ts = math.ceil(ts)
         except (TypeError, ValueError, OverflowError):
@@ -204,12 +212,12 @@ def scan_events(events: Iterable[Any]) -> _Scan:
             name = str(name)
         if (stream >= 0 and corr >= 0) or name in SYNC_NAMES:  # rule 4: a GPU event
             if stream != -1:
-                add((True, ts, end - ts, name, str(cat), stream, corr, args))
+                add((True, ts, end - ts, name, str(cat), stream, corr, args, raw))
             continue
         if corr >= 0 or "ProfilerStep" in name or "Collective name" in args:
             _index_cpu_event(scan, e, args, name, ts, end, corr)
         if stream != -1:
-            add((False, ts, end - ts, name, str(cat), stream, corr, args))
+            add((False, ts, end - ts, name, str(cat), stream, corr, args, raw))
     return scan
 
 
@@ -294,7 +302,7 @@ def collective_rows(scan: _Scan, trace_set: str, rank: int, host: str) -> list[d
     rows: list[dict[str, Any]] = []
     ordinal: dict[str, int] = {}
     comm = sorted((c for c in scan.candidates if c[0] and COMM_KERNEL_RE.match(c[3])), key=lambda c: c[1])
-    for _gpu, ts, dur, name, _cat, _stream, corr, kargs in comm:
+    for _gpu, _ts, _dur, name, _cat, _stream, corr, kargs, (ts, dur) in comm:
         args = _comm_args(scan, corr, kargs)
         raw_op = str(args.get("Collective name", ""))
         if not raw_op:
@@ -312,7 +320,7 @@ def collective_rows(scan: _Scan, trace_set: str, rank: int, host: str) -> list[d
 
 
 def _collective_row(
-    trace_set: str, rank: int, host: str, op: str, comm_id: str, seq: int, ts: int, dur: int,
+    trace_set: str, rank: int, host: str, op: str, comm_id: str, seq: int, ts: float, dur: float,
     args: dict[str, Any], launch: tuple[Any, Any, int] | None,
 ) -> dict[str, Any]:  # fmt: skip
     n = _int_or(args.get("Group size"), -1)
@@ -327,9 +335,9 @@ def _collective_row(
         "comm_name": str(args.get("Process Group Description", "")) or None,
         "n_ranks": n if n > 0 else None, "nnodes": None, "host": host or None,
         "pid": _int_or(launch[0], -1) if launch else None, "op": op or None, "peer": None,
-        "msg_bytes": msg_bytes, "exec_us": float(dur), "algbw_gbs": algbw,
+        "msg_bytes": msg_bytes, "exec_us": dur, "algbw_gbs": algbw,
         "busbw_gbs": algbw * factor if algbw is not None and factor is not None else None,
-        "timing_source": "kineto_kernel", "start_us": float(ts), "stop_us": float(ts + dur),
+        "timing_source": "kineto_kernel", "start_us": ts, "stop_us": ts + dur,
         "dump_ts_us": None, "kernel_events": None,
     }  # fmt: skip
 
@@ -371,13 +379,7 @@ def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
 
 def read_trace(path: Path) -> Any:
     """Decode one trace file, gzipped or not; a broken file raises :class:`ParseError`."""
-    with path.open("rb") as fh:
-        data = fh.read()
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise ParseError(f"bad gzip stream ({exc})", source=str(path)) from exc
+    data = read_capped(path, MAX_TRACE_BYTES)  # a gzip is streamed and capped (collector.files)
     if _TYPED is not None:
         try:
             doc = _TYPED.decode(data)
@@ -416,4 +418,16 @@ def sniff(name: str, head: bytes) -> bool:
     return any(m in head for m in (b'"schemaVersion"', b'"deviceProperties"', b'"distributedInfo"'))
 
 
-FILE_FORMAT = FileFormat(name="kineto", sniff=sniff, load=load, priority=50)
+def explain(name: str, head: bytes) -> tuple[float, str] | None:
+    """How close a refused head came to a Kineto trace."""
+    if b'"traceEvents"' in head:
+        return 0.8, (
+            "a Chrome trace, but without Kineto's markers (schemaVersion, deviceProperties or "
+            "distributedInfo): not written by the PyTorch profiler"
+        )
+    if head.lstrip()[:1] in (b"{", b"["):
+        return 0.2, "JSON without traceEvents: not a Kineto trace"
+    return None
+
+
+FILE_FORMAT = FileFormat(name="kineto", sniff=sniff, load=load, priority=50, explain=explain)

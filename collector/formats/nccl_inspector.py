@@ -14,7 +14,10 @@ Rules for a JSONL line:
 1. A blank line is skipped silently.
 2. A line that is not a JSON object, lacks ``header.id`` (a non-empty string) or
    ``header.rank`` (an integer), or whose perf fields have the wrong JSON type, is a
-   :class:`Problem` at ``<source>:<line>`` quoting the line; the other lines are kept.
+   :class:`Problem` at ``<source>:<line>`` naming the field and quoting it; the other lines
+   are kept. Integers must lie in ``0..`` the store column's largest value (rank, ranks,
+   nodes, peer: 32-bit; ``*_sn``, sizes, pid: 64-bit); times and bandwidths must not be
+   negative.
 3. A ``dump_stats`` line (a per-dump marker the Inspector writes before the records) and a line
    with no perf object carry no collective: they are skipped, not refused.
 4. ``coll_perf`` → ``kind='coll'``, ``coll_sn`` from ``coll_sn``; ``p2p_perf`` →
@@ -36,6 +39,14 @@ Prometheus textfile mapping (the choice made here):
    so distinct series never collide; ``comm_name`` keeps the communicator's name and
    ``dump_ts_us`` the snapshot time. The store keeps the first snapshot of each such series
    (a limit: the textfile has no sequence number to tell snapshots apart).
+10. Each label has its own column: the op from ``collective``, or for P2P series
+    ``p2p_operation`` (``Send``/``Recv``; older layouts ``p2p``/``op``); ``algo_proto`` →
+    ``algo_proto``; ``message_size`` → ``msg_bytes`` and ``msg_bytes_max``: exact sizes
+    (``"1.00MB"``) give both the same value, the Inspector's buckets (``"8-9MB"``) keep their
+    range (8 MiB, 9 MiB). Units are read as binary multiples (K = 1024).
+11. A P2P series is recognised by its metric name (``nccl_p2p_*``) → ``kind='p2p'``.
+12. The snapshot time (``dump_ts_us``) is the ``ioe ingest --ts`` time when one is given, else
+    the file's modification time.
 
 Known limits: this parser trusts ``n_ranks``/``nnodes`` as written; it does not check
 ``*_busbw_gbs`` against the algorithm factor (nccl-tests rows are checked in
@@ -44,14 +55,15 @@ Known limits: this parser trusts ``n_ranks``/``nnodes`` as written; it does not 
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from collector.errors import ParseError, Problem
+from collector.files import LineChunks, read_capped
 from collector.formats import FileFormat, IngestContext, Parsed
 from collector.records import frame
 
@@ -59,6 +71,8 @@ TABLE = "collective_records"
 ORIGIN = "inspector"
 PROM_ORIGIN = "inspector-prom"
 
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 _PERF_KEYS = (("coll_perf", "coll", "coll"), ("p2p_perf", "p2p", "p2p"))
 
 
@@ -124,10 +138,10 @@ def _identity(header: dict[str, Any], meta: dict[str, Any], line: str, loc: str)
     return {
         "origin": ORIGIN,
         "comm_id": comm_id,
-        "rank": _int(header, "rank", "header.", line, loc, required=True),
+        "rank": _int(header, "rank", "header.", line, loc, required=True, top=INT32_MAX),
         "comm_name": _str(header, "comm_name", "header.", line, loc),
-        "n_ranks": _int(header, "n_ranks", "header.", line, loc),
-        "nnodes": _int(header, "nnodes", "header.", line, loc),
+        "n_ranks": _int(header, "n_ranks", "header.", line, loc, top=INT32_MAX),
+        "nnodes": _int(header, "nnodes", "header.", line, loc, top=INT32_MAX),
         "host": _str(meta, "hostname", "metadata.", line, loc),
         "pid": _int(meta, "pid", "metadata.", line, loc),
         "dump_ts_us": _num(meta, "dump_timestamp_us", "metadata.", line, loc),
@@ -141,11 +155,11 @@ def _perf(perf: dict[str, Any], p: str, kind: str, line: str, loc: str) -> dict[
         "op": _str(perf, p, where, line, loc, required=True),
         "coll_sn": _int(perf, f"{p}_sn", where, line, loc, required=True),
         "msg_bytes": _int(perf, f"{p}_msg_size_bytes", where, line, loc),
-        "exec_us": _num(perf, f"{p}_exec_time_us", where, line, loc),
+        "exec_us": _num(perf, f"{p}_exec_time_us", where, line, loc, low=0.0),
         "timing_source": _str(perf, f"{p}_timing_source", where, line, loc),
-        "algbw_gbs": _num(perf, f"{p}_algobw_gbs", where, line, loc),
-        "busbw_gbs": _num(perf, f"{p}_busbw_gbs", where, line, loc),
-        "peer": _int(perf, "p2p_peer", where, line, loc) if kind == "p2p" else None,
+        "algbw_gbs": _num(perf, f"{p}_algobw_gbs", where, line, loc, low=0.0),
+        "busbw_gbs": _num(perf, f"{p}_busbw_gbs", where, line, loc, low=0.0),
+        "peer": _int(perf, "p2p_peer", where, line, loc, top=INT32_MAX) if kind == "p2p" else None,
     }
     trace = perf.get("event_trace_ts")
     if trace is not None:
@@ -165,22 +179,36 @@ def _json(value: Any) -> str:
 
 
 def _int(
-    d: dict[str, Any], key: str, where: str, line: str, loc: str, *, required: bool = False
+    d: dict[str, Any],
+    key: str,
+    where: str,
+    line: str,
+    loc: str,
+    *,
+    required: bool = False,
+    top: int = INT64_MAX,
 ) -> int | None:
+    """Rule 2: an integer in ``0..top`` (the store's INTEGER or BIGINT), else a ParseError."""
     value = d.get(key)
     if value is None and not required:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise ParseError(f"{where}{key} must be an integer", location=loc, snippet=_json(value))
+    if not 0 <= value <= top:
+        raise ParseError(f"{where}{key} out of range 0..{top}", location=loc, snippet=_json(value))
     return value
 
 
-def _num(d: dict[str, Any], key: str, where: str, line: str, loc: str) -> float | None:
+def _num(
+    d: dict[str, Any], key: str, where: str, line: str, loc: str, *, low: float = -math.inf
+) -> float | None:
     value = d.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ParseError(f"{where}{key} must be a finite number", location=loc, snippet=_json(value))
+    if value < low:
+        raise ParseError(f"{where}{key} must not be negative", location=loc, snippet=_json(value))
     return float(value)
 
 
@@ -266,15 +294,20 @@ def _prom_sample(line: str, location: str = "") -> tuple[str, dict[str, str], fl
 
 
 def _prom_row(kind: str, labels: dict[str, str], snapshot_us: float | None) -> dict[str, Any]:
-    op = labels.get("collective") or labels.get("p2p") or labels.get("op") or ""
+    """Rules 7-11: the row a textfile series stands for, each label in its own column."""
+    op = (
+        labels.get("collective") or labels.get("p2p_operation") or labels.get("p2p") or labels.get("op") or ""
+    )
     comm_name = labels.get("comm_name") or ""
     sn = _label_int(labels, "coll_sn") if kind == "coll" else _label_int(labels, "p2p_sn")
     if sn is None:
         sn = _label_int(labels, "coll_sn")
     comm_id = labels.get("comm_id", "")
+    size_text = labels.get("message_size", "")
+    low, high = message_size_bytes(size_text)
     if sn is None or not comm_id:
-        size, algo = labels.get("message_size", ""), labels.get("algo_proto", "")
-        comm_id = f"prom:{comm_id or comm_name}|{op}|{size}|{algo}"
+        algo = labels.get("algo_proto", "")
+        comm_id = f"prom:{comm_id or comm_name}|{op}|{size_text}|{algo}"
         sn = -1
     return {
         "origin": PROM_ORIGIN,
@@ -288,16 +321,38 @@ def _prom_row(kind: str, labels: dict[str, str], snapshot_us: float | None) -> d
         "host": labels.get("hostname") or labels.get("node") or None,
         "op": op or None,
         "peer": _label_int(labels, "peer"),
-        "timing_source": labels.get("algo_proto") or None,
+        "msg_bytes": low,
+        "msg_bytes_max": high,
+        "algo_proto": labels.get("algo_proto") or None,
+        "timing_source": labels.get("timing_source") or None,
         "dump_ts_us": snapshot_us,
     }
 
 
+_UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+_SIZE = re.compile(r"^\s*([0-9.]+)(?:\s*-\s*([0-9.]+))?\s*([KMGT]?B)?\s*$", re.IGNORECASE)
+
+
+def message_size_bytes(text: str) -> tuple[int | None, int | None]:
+    """Rule 10: ``"1.00MB"`` → (1 MiB, 1 MiB); a bucket ``"4-5GB"`` → (4 GiB, 5 GiB);
+    anything else → (None, None). Units are binary multiples (K = 1024)."""
+    m = _SIZE.match(text)
+    if m is None:
+        return None, None
+    unit = _UNITS[(m.group(3) or "").upper()]
+    low = float(m.group(1)) * unit
+    high = float(m.group(2)) * unit if m.group(2) else low
+    return round(low), round(high)
+
+
 def _label_int(labels: dict[str, str], key: str) -> int | None:
+    """The label as an integer the store's INTEGER holds (its BIGINT for ``*_sn``), else None."""
     try:
-        return int(labels[key])
+        value = int(labels[key])
     except (KeyError, ValueError):
         return None
+    top = INT64_MAX if key.endswith("_sn") else INT32_MAX
+    return value if -top - 1 <= value <= top else None
 
 
 # -- file formats ---------------------------------------------------------------------------
@@ -324,24 +379,60 @@ def sniff_prom(name: str, head: bytes) -> bool:
     return any(re.search(rb"(?m)^" + m.encode() + rb"[{\s]", head) for m in PROM_METRICS)
 
 
+JSONL_CHUNK_BYTES = 2 << 20  # ~6,000 records: each becomes a dict, so chunks stay small
+MAX_PROM_BYTES = 256 << 20  # a textfile is one snapshot, read whole; past this it is refused
+
+
 def _read_text(path: Path) -> str:
-    with path.open("rb") as fh:
-        magic = fh.read(2)
-    raw = gzip.decompress(path.read_bytes()) if magic == b"\x1f\x8b" else path.read_bytes()
-    return raw.decode("utf-8", "replace")
+    return read_capped(path, MAX_PROM_BYTES).decode("utf-8", "replace")
+
+
+def stream_jsonl(path: Path, ctx: IngestContext) -> Iterator[Parsed]:
+    """A dump of any size, a chunk of whole lines at a time (gzip streamed and capped, a cut
+    last line refused: :mod:`collector.files`)."""
+    chunks = LineChunks(path, chunk_bytes=JSONL_CHUNK_BYTES)
+    for first, data in chunks:
+        parsed = parse_jsonl(data.decode("utf-8", "replace"), str(path), first_line=first)
+        parsed.lines = data.count(b"\n")
+        yield parsed
+    if chunks.problems:
+        yield Parsed(problems=chunks.problems)
 
 
 def load_jsonl(path: Path, ctx: IngestContext) -> Parsed:
-    return parse_jsonl(_read_text(path), str(path))
+    whole = Parsed()
+    for part in stream_jsonl(path, ctx):
+        whole.extend(part)
+        whole.lines += part.lines
+    return whole
 
 
 def load_prom(path: Path, ctx: IngestContext) -> Parsed:
-    return parse_prom(_read_text(path), str(path), snapshot_us=path.stat().st_mtime_ns / 1000)
+    """Rule 12: the snapshot time is ``ioe ingest --ts`` when given, else the file's mtime."""
+    snapshot_us = ctx.ts_ns / 1000 if ctx.ts_given else path.stat().st_mtime_ns / 1000
+    return parse_prom(_read_text(path), str(path), snapshot_us=snapshot_us)
+
+
+def explain_jsonl(name: str, head: bytes) -> tuple[float, str] | None:
+    """How close a refused head came to an Inspector dump."""
+    first = _first_line(head)
+    if not (first.startswith(b"{") and b'"header"' in first):
+        return None
+    if not name.endswith((".log", ".jsonl", ".log.gz", ".jsonl.gz")):
+        return 0.7, "an Inspector-like JSON line, but the file name does not end in .log or .jsonl"
+    return 0.6, "a JSON line with a header, but no coll_perf, p2p_perf, dump_stats or metadata"
 
 
 FILE_FORMATS = [
-    FileFormat("nccl-inspector-jsonl", sniff_jsonl, load_jsonl, priority=40),
+    FileFormat(
+        "nccl-inspector-jsonl",
+        sniff_jsonl,
+        load_jsonl,
+        priority=40,
+        stream=stream_jsonl,
+        explain=explain_jsonl,
+    ),
     FileFormat("nccl-inspector-prom", sniff_prom, load_prom, priority=40),
 ]
 
-__all__ = ["FILE_FORMATS", "parse_jsonl", "parse_prom", "parse_record"]
+__all__ = ["FILE_FORMATS", "message_size_bytes", "parse_jsonl", "parse_prom", "parse_record"]

@@ -14,12 +14,15 @@ Rules:
    checked on the raw bytes, before decoding.
 3. A body over the cap raises :class:`~collector.errors.ParseError` (nothing parsed); every
    other refusal is a Problem in the result, named ``<source>: line N``.
-4. A captured file is recognized by content (:func:`sniff`): the complete lines of its head
-   parse as exposition (at most one bad line in ten) and at least one sample is a GPU or
-   engine metric, whatever its extension
-   (``.prom``, ``.openmetrics``, ``.txt``, gzipped or not). Its rows get ``ctx.ts_ns`` and
-   ``ctx.host``, and ``source = "<ctx.source>:<file name>"`` so that two files captured at
-   the same instant stay distinct series.
+4. A captured file is recognized by content (:func:`sniff`): at least one sample of the
+   complete lines of its head is a GPU or engine metric, whatever its extension
+   (``.prom``, ``.openmetrics``, ``.txt``, gzipped or not), and the sample lines outnumber
+   the bad ones. Its rows get ``ctx.ts_ns`` and ``ctx.host``, and
+   ``source = "<ctx.source>:[<ctx.host>/]<name>"``, the name being the file's path under the
+   folder imported (``node0/metrics.prom``): two files captured at the same instant, or two
+   nodes' files of one name, stay distinct series, and the same file imported again gives
+   the same series. (A file with many bad lines keeps its good rows; ``ioe ingest`` names
+   the share refused.)
 5. A scraper passes one :class:`ScrapeCache` per target: label blocks, unchanged HELP/TYPE
    lines and the row identities of series already seen are reused instead of worked out
    again on every scrape (exposition rule 11, dcgm rule 8, engine rule 9). The rows are the
@@ -33,12 +36,19 @@ Rules:
    sentinel, a KV usage outside 0..1) sends the scrape down the full path instead, so the
    rows and problems are always the full path's. A scrape is remembered for replay only
    when it had no problem and its replayed rows equal the rows the full path gave.
+7. A file is read :data:`CHUNK_BYTES` of whole lines at a time (:mod:`collector.files`: gzip
+   streamed and capped, a cut last line refused), so its size is not bounded by the body cap
+   of rule 3. Each chunk starts with the ``# TYPE``/``# HELP`` line in force where the last
+   one ended (the exposition parser's renames need the family), the dialect is the whole
+   file's (``# EOF`` last), and problems name the file's line numbers. A series seen in two
+   chunks is not refused as a duplicate (the store keeps the first row of a key).
 """
 
 from __future__ import annotations
 
-import gzip
 import math
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from operator import mul
@@ -47,6 +57,7 @@ from typing import Any, Literal
 
 from collector.batch import Batch
 from collector.errors import ParseError, Problem
+from collector.files import LineChunks
 from collector.formats import SNIFF_BYTES, FileFormat, IngestContext, Parsed
 from collector.formats.dcgm import BLANK_MIN, GpuMemo, is_gpu_metric, to_gpu_samples
 from collector.formats.engine import EngineMemo, engine_of, to_engine_samples
@@ -57,6 +68,7 @@ Kind = Literal["dcgm", "engine", "auto"]
 
 
 Trace = list[tuple[int, float, bool]]  # per row: (sample index, scale, must lie in 0..1)
+CHUNK_BYTES = 4 << 20  # a file is parsed this many bytes of whole lines at a time (rule 7)
 REPLAY_MAX_BYTES = 4 << 20  # replay_scrape leaves larger bodies to the full path (off the loop)
 VALUE_COLUMN = {"gpu_samples": "value", "engine_samples": "value", "histogram_buckets": "cumulative_count"}
 
@@ -71,6 +83,7 @@ class _Plan:
     index: list[int]
     scale: list[float]
     unit_rows: list[int]  # rows whose value must lie in 0..1 (KV usage)
+    counter_rows: list[int]  # rows whose value must not be negative (dcgm rule 10, engine rule 10)
     blank_check: bool  # DCGM rows: a raw value ≥ BLANK_MIN is a blank sentinel
     unique: bool  # no two rows share the table's key: replayed batches say so (Batch rule 4)
 
@@ -126,8 +139,10 @@ def parse_scrape(
     source: str = "",
     max_bytes: int = MAX_BODY_CHARS,
     cache: ScrapeCache | None = None,
+    openmetrics: bool | None = None,
 ) -> Parsed:
-    """Canonical rows of one scrape body (rules 1-3; rule 5 with a ``cache``)."""
+    """Canonical rows of one scrape body (rules 1-3; rule 5 with a ``cache``); ``openmetrics``
+    as the exposition parser's (None: told by the body's end)."""
     if kind not in ("dcgm", "engine", "auto"):
         raise ValueError(f"parse_scrape: kind must be dcgm, engine or auto, not {kind!r}")
     if isinstance(text, bytes):
@@ -139,7 +154,7 @@ def parse_scrape(
         replayed = _replay_of(text, kind, host, source, memo, ts_ns)
         if replayed is not None:
             return replayed
-    return _full(text, kind, ts_ns, host, source, max_bytes, cache, memo)
+    return _full(text, kind, ts_ns, host, source, max_bytes, cache, memo, openmetrics)
 
 
 def replay_scrape(
@@ -173,9 +188,12 @@ def _full(
     max_bytes: int,
     cache: ScrapeCache | None,
     memo: ScrapeCache,
+    openmetrics: bool | None = None,
 ) -> Parsed:
     """The full path: parse, map, and (with a cache) remember the scrape for rule 6."""
-    exp = parse(text, source=source, max_chars=max_bytes, cache=memo.parse if cache else None)
+    exp = parse(
+        text, source=source, max_chars=max_bytes, cache=memo.parse if cache else None, openmetrics=openmetrics
+    )
     result = Parsed(problems=[_named(p, source) for p in exp.problems])
     traces: dict[str, Trace] = {}
     if kind in ("dcgm", "auto"):
@@ -186,6 +204,8 @@ def _full(
         result.extend(gpu)
     if kind in ("engine", "auto"):
         result.extend(to_engine_samples(exp, ts_ns=ts_ns, source=source, memo=memo.engine, trace=traces))
+    if len(result.problems) > len(exp.problems):
+        result.problems[len(exp.problems) :] = _located(text, result.problems[len(exp.problems) :], source)
     learned = Skeleton.learn(text) if cache is not None and not result.problems else None
     memo.replay = None
     if learned is not None:
@@ -212,6 +232,8 @@ def _replayed(replay: _Replay, texts: list[str], ts_ns: int) -> Parsed | None:
             return None
         scaled = plan.scaled(raw)
         if any(not 0.0 <= scaled[r] <= 1.0 for r in plan.unit_rows):
+            return None
+        if min(raw, default=0.0) < 0 and any(raw[r] < 0 for r in plan.counter_rows):
             return None
         new: dict[str, list[Any]] = {"ts_ns": [ts_ns] * len(scaled), VALUE_COLUMN[table]: scaled}
         # the identity lists are shared with the plan, never copied (Batch rule 3)
@@ -245,7 +267,15 @@ def _learned(
         identity = [ids[k] for k in TABLES[table].key if k != "ts_ns"]  # one ts_ns per scrape
         unique = len(set(zip(*identity, strict=True))) == frame.height
         plans[table] = _Plan(
-            table, ids, frame.columns, list(index), list(scale), unit_rows, table == "gpu_samples", unique
+            table,
+            ids,
+            frame.columns,
+            list(index),
+            list(scale),
+            unit_rows,
+            _counter_rows(table, ids),
+            table == "gpu_samples",
+            unique,
         )
     replay = _Replay(key, skeleton, plans)
     again = _replayed(replay, texts, ts_ns)
@@ -254,30 +284,167 @@ def _learned(
     return replay
 
 
+def _counter_rows(table: str, ids: dict[str, list[Any]]) -> list[int]:
+    """Rows of a replay plan that hold a count, which must never be negative."""
+    if table == "histogram_buckets":
+        return list(range(len(next(iter(ids.values()), []))))
+    names = ids.get("metric") if table == "gpu_samples" else ids.get("concept")
+    suffixes = ("_total", "_j", "_violation_s") if table == "gpu_samples" else ("_total", "_sum", "_count")
+    return [r for r, name in enumerate(names or []) if name.endswith(suffixes)]
+
+
+def _located(text: str, problems: list[Problem], source: str) -> list[Problem]:
+    """A mapper's problem names a series (``DCGM_FI_X{gpu="9"}``): add the line of that sample.
+
+    The first line that starts with the metric name and holds every ``k="v"`` of the named
+    label set is taken (found only for the rare refused sample; a hint for a person)."""
+    out = []
+    for p in problems:
+        lineno = 0
+        if not p.location.startswith(("line ", "body", "end of")) and p.location not in (
+            "",
+            "dcgm",
+            "engine",
+        ):
+            lineno = _line_of(text, p.location)
+        out.append(_named(Problem(f"line {lineno}: {p.location}", p.message), source) if lineno else p)
+    return out
+
+
+_PAIR = re.compile(r'[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"')
+
+
+def _line_of(text: str, series: str) -> int:
+    name, _, rest = series.partition("{")
+    pairs = _PAIR.findall(rest.removesuffix("…"))[:-1] if rest.endswith("…") else _PAIR.findall(rest)
+    start = 0
+    while (at := text.find(name, start)) >= 0:
+        start = at + len(name)
+        end = text.find("\n", at)
+        line = text[at : end if end >= 0 else len(text)]
+        starts = (at == 0 or text[at - 1] == "\n") and line[len(name) : len(name) + 1] in ("{", " ", "\t")
+        if starts and all(pair in line for pair in pairs):
+            return text.count("\n", 0, at) + 1
+    return 0
+
+
 def _named(problem: Problem, source: str) -> Problem:
     return Problem(f"{source}: {problem.location}" if source else problem.location, problem.message)
 
 
 def sniff(name: str, head: bytes) -> bool:
-    """Rule 4: the head's complete lines parse as exposition and hold a GPU or engine metric."""
+    """Rule 4: the head's complete lines hold a GPU or engine metric and more samples than bad lines."""
     text = head.decode("utf-8", errors="replace")
     if len(head) == SNIFF_BYTES:
         text = text[: text.rfind("\n") + 1]  # drop the cut last line
     if "#Entity" in text:
         return False
     exp = parse(text, openmetrics=False)
-    if not exp.samples or len(exp.problems) > len(exp.samples) // 10:
+    if not exp.samples or len(exp.problems) >= len(exp.samples):
         return False
-    return any(is_gpu_metric(s.name) or engine_of(s.name) for s in exp.samples)
+    return any(is_gpu_metric(s.name) or engine_of(s.name, s.labels) for s in exp.samples)
+
+
+def explain(name: str, head: bytes) -> tuple[float, str] | None:
+    """Why rule 4 refused a head that is exposition-like: bad lines, or no family IOE maps."""
+    text = head.decode("utf-8", errors="replace")
+    if len(head) == SNIFF_BYTES:
+        text = text[: text.rfind("\n") + 1]
+    exp = parse(text, openmetrics=False)
+    if not exp.samples:
+        return None
+    if len(exp.problems) > len(exp.samples) // 10:
+        first = exp.problems[0]
+        return 0.5, (
+            f"{len(exp.problems)} line(s) are not Prometheus exposition beside {len(exp.samples)} "
+            f"sample(s) (first: {first.location}: {first.message})"
+        )
+    names = sorted({s.name for s in exp.samples})
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return 0.9, (
+        f"Prometheus exposition with {len(exp.samples)} sample(s), but no GPU or engine family IOE "
+        f"maps ({shown}): an exporter or engine IOE does not read yet"
+    )
+
+
+def file_source(path: Path, ctx: IngestContext) -> str:
+    """Rule 4: ``<ctx.source>:[<host>/]<name>``, the name being the file's path under the
+    folder imported (``ctx.name``) or else its file name."""
+    name = ctx.name or path.name
+    name = f"{ctx.host}/{name}" if ctx.host else name
+    return f"{ctx.source}:{name}" if ctx.source else name
+
+
+_FAMILY_LINE = re.compile(r"(?m)^[ \t]*# (?:TYPE|HELP) .*$")
+_LINE_NO = re.compile(r"\bline (\d+)")
+
+
+def stream(path: Path, ctx: IngestContext) -> Iterator[Parsed]:
+    """Rule 7: a captured scrape file of any size, a chunk of whole lines at a time."""
+    source = file_source(path, ctx)
+    chunks = LineChunks(path, chunk_bytes=CHUNK_BYTES)
+    pending: tuple[int, bytes] | None = None
+    om: bool | None = None
+    context = ""
+    for chunk in chunks:
+        if pending is not None:
+            om = _ends_with_eof(path) if om is None else om
+            parsed, context = _chunk(pending, context, om, False, ctx, source)
+            yield parsed
+        pending = chunk
+    if pending is not None:
+        yield _chunk(pending, context, om, True, ctx, source)[0]
+    if chunks.problems:
+        yield Parsed(problems=chunks.problems)
+
+
+def _chunk(
+    chunk: tuple[int, bytes], context: str, om: bool | None, last: bool, ctx: IngestContext, source: str
+) -> tuple[Parsed, str]:
+    """One chunk's rows; ``context`` (the family line in force) is put before it so that the
+    rule-8 renames of the exposition parser hold across chunks; problems get the file's lines."""
+    first, data = chunk
+    text = data.decode("utf-8", errors="replace")
+    body = context + text
+    try:
+        parsed = parse_scrape(
+            body, kind="auto", ts_ns=ctx.ts_ns, host=ctx.host, source=source, openmetrics=om
+        )
+    except ParseError as exc:  # one line longer than the body cap: that line is lost, not the file
+        parsed = Parsed(problems=[Problem(f"{source}: line {first}", str(exc))])
+        shift = 0
+    else:
+        shift = first - 1 - context.count("\n")
+    problems = []
+    for p in parsed.problems:
+        if not last and p.location.endswith("end of body"):
+            continue  # an OpenMetrics file's # EOF is in its last chunk
+        location = _LINE_NO.sub(lambda m: f"line {int(m.group(1)) + shift}", p.location, count=1)
+        problems.append(Problem(location, p.message))
+    parsed.problems = problems
+    parsed.lines = data.count(b"\n")
+    families = _FAMILY_LINE.findall(text)
+    return parsed, (families[-1] + "\n") if families else context
+
+
+def _ends_with_eof(path: Path) -> bool:
+    """Rule 2 of the exposition parser for a file read in chunks: its last line is ``# EOF``."""
+    last = b""
+    for _, data in LineChunks(path):
+        lines = [ln for ln in data.splitlines() if ln.strip()]
+        last = lines[-1] if lines else last
+    return last.strip() == b"# EOF"
 
 
 def load(path: Path, ctx: IngestContext) -> Parsed:
-    """Parse a captured scrape file (rule 4)."""
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    source = f"{ctx.source}:{path.name}" if ctx.source else path.name
-    return parse_scrape(raw, kind="auto", ts_ns=ctx.ts_ns, host=ctx.host, source=source)
+    """Parse a captured scrape file (rule 4) whole."""
+    whole = Parsed()
+    for part in stream(path, ctx):
+        whole.extend(part)
+        whole.lines += part.lines
+    return whole
 
 
-FILE_FORMAT = FileFormat(name="prometheus-scrape", sniff=sniff, load=load, priority=50)
+FILE_FORMAT = FileFormat(
+    name="prometheus-scrape", sniff=sniff, load=load, priority=50, stream=stream, explain=explain
+)

@@ -13,10 +13,16 @@ Rules:
    the saved fingerprint (truncated and regrown between polls), is read again from offset 0.
 3. Rotation: a different inode at the same path is a new file and is read from offset 0. The
    unread tail of a file renamed away (e.g. to ``x.log.1``) is not followed (a known limit).
-4. The offset moves only after the sink accepted the batch; if the sink refuses
-   (:class:`collector.sink.Overloaded`) the same bytes are offered again next poll. A crash
-   between write and state save rereads those lines once; the store's natural key
-   ``(origin, comm_id, coll_sn, rank, kind)`` makes that reread insert nothing.
+4. The read position moves only after the sink accepted the batch; if the sink refuses
+   (:class:`collector.sink.Overloaded`) the same bytes are offered again next poll. The state
+   file holds *committed* positions only: behind a write queue (a sink with
+   ``after_commit``, :class:`collector.writer.QueueSink`) a position is committed when the
+   writer reports the rows before it stored, so a kill -9 between queueing and the store's
+   commit loses nothing: the restarted tailer reads those lines again, and the store's natural
+   key ``(origin, comm_id, coll_sn, rank, kind)`` makes a line stored twice insert nothing.
+   When the writer reports that the store failed, the read position goes back to the
+   committed one and the lines are read again. A sink without ``after_commit`` (the store
+   itself) has committed when ``write`` returns.
 5. A bad line is reported as ``<path>:<line>`` with a quote and skipped; good lines are kept.
 6. At most ``max_bytes`` are read per file per poll, so one huge backlog cannot stall the loop;
    a single line longer than that is reported each poll and never read (a known limit).
@@ -29,10 +35,11 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +94,11 @@ class InspectorTailer:
         self.pattern = pattern
         self.max_bytes = max_bytes
         self.clock = clock
-        self.files: dict[str, FileState] = load_state(self.state_path)
+        self.files: dict[str, FileState] = load_state(self.state_path)  # read positions
+        self.committed: dict[str, FileState] = {k: replace(v) for k, v in self.files.items()}
+        self._epoch: dict[str, int] = {}  # bumped when a file's read position is reset (rule 4)
+        self._waiting: dict[str, int] = {}  # commit callbacks not yet called back, per file
+        self._lock = threading.Lock()
         self.last_poll_ns = 0
 
     def poll(self) -> PollReport:
@@ -99,11 +110,47 @@ class InspectorTailer:
             if path.is_file():
                 seen.add(str(path))
                 self._poll_file(path, report)
-        gone = set(self.files) - seen
-        for name in gone:
-            del self.files[name]
-        save_state(self.state_path, self.files)
+        with self._lock:
+            for name in set(self.files) - seen:
+                del self.files[name]
+                self.committed.pop(name, None)
+            for name, state in self.files.items():  # a commit callback the full queue refused
+                if self._waiting.get(name, 0) == 0 and state != self.committed.get(name):
+                    self._after_commit(name, replace(state))
+            committed = {k: replace(v) for k, v in self.committed.items()}
+        save_state(self.state_path, committed)
         return report
+
+    def _after_commit(self, key: str, state: FileState) -> None:
+        """Rule 4: ``state`` becomes the committed position once the rows before it are stored."""
+        ask = getattr(self.sink, "after_commit", None)
+        if ask is None:
+            self.committed[key] = state
+            return
+        epoch = self._epoch.get(key, 0)
+        try:
+            ask(lambda ok: self._commit(key, state, epoch, ok))
+        except Overloaded:
+            return  # asked again at the end of a later poll
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+
+    def _commit(self, key: str, state: FileState, epoch: int, ok: bool) -> None:
+        """The writer's answer (its thread): commit ``state``, or go back to the committed one."""
+        with self._lock:
+            self._waiting[key] = max(self._waiting.get(key, 0) - 1, 0)
+            if epoch != self._epoch.get(key, 0) or key not in self.files:
+                return
+            if ok:
+                self.committed[key] = state
+                return
+            self._epoch[key] = epoch + 1
+            back = self.committed.get(key)
+            self.files[key] = replace(back) if back is not None else FileState(inode=state.inode)
+            log.warning(
+                "inspector tailer: store write failed; %s read again from byte %d",
+                key,
+                self.files[key].offset,
+            )
 
     def _poll_file(self, path: Path, report: PollReport) -> None:
         key = str(path)
@@ -131,11 +178,15 @@ class InspectorTailer:
         report.problems.extend(parsed.problems)
         n_lines = complete.count(b"\n")
         report.lines += n_lines
-        state.offset += len(complete)
-        state.line += n_lines
-        if not state.head:
-            state.head_len = min(FINGERPRINT_BYTES, len(complete))
-            state.head = _fingerprint(complete[: state.head_len])
+        with self._lock:
+            if self.files.get(key) is not state:  # the writer sent the file back meanwhile (rule 4)
+                return
+            state.offset += len(complete)
+            state.line += n_lines
+            if not state.head:
+                state.head_len = min(FINGERPRINT_BYTES, len(complete))
+                state.head = _fingerprint(complete[: state.head_len])
+            self._after_commit(key, replace(state))
 
     def _check(self, key: str, fh: Any, inode: int, size: int, report: PollReport) -> FileState:
         """The file's state, reset to offset 0 on rotation or truncation (rules 2–3)."""
@@ -153,6 +204,7 @@ class InspectorTailer:
             report.restarted.append(f"{key}: {reason}")
             log.info("inspector tailer: %s %s, reading from the start", key, reason)
             state = FileState(inode=inode)
+            self._epoch[key] = self._epoch.get(key, 0) + 1
         self.files[key] = state
         return state
 

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import re
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -25,3 +32,122 @@ def exposure_or_exit(settings: Settings) -> None:
     if problem:
         typer.echo(problem, err=True)
         raise typer.Exit(2)
+
+
+def fail(message: str) -> NoReturn:
+    """Exit 2 with ``message`` as one line on stderr (a usage or environment error, not a bug)."""
+    typer.echo(" ".join(message.split()), err=True)
+    raise typer.Exit(2)
+
+
+def bind_or_exit(command: str, host: str, port: int, *, keep: bool = True) -> socket.socket | None:
+    """A listening TCP socket on ``host:port`` (handed to the server), or exit 2 with one line
+    when the address is taken or cannot be bound. With ``keep=False`` the port is only checked
+    (for servers that bind their own sockets) and ``None`` comes back."""
+    try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        fail(f"{command}: cannot listen on {host}:{port}: {_reason(exc)}")
+    family, _, _, _, address = info[0]
+    try:
+        sock = socket.create_server(address, family=family)
+    except OSError as exc:
+        taken = exc.errno == errno.EADDRINUSE
+        why = "the port is already in use (another ioe or server?)" if taken else _reason(exc)
+        fail(f"{command}: cannot listen on {host}:{port}: {why}")
+    if keep:
+        return sock
+    sock.close()
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+def store_missing(settings: Settings) -> bool:
+    """True when the settings name a store file that does not exist (DuckDB would create it)."""
+    return (
+        settings.store_backend != "ducklake"
+        and settings.store_path != ":memory:"
+        and (not Path(settings.store_path).exists())
+    )
+
+
+def open_store_or_exit(command: str, settings: Settings, *, create: bool, threads: int | None = None) -> Any:
+    """The writable store of ``settings`` (:func:`collector.agent.open_store`), or exit 2 with one
+    line: a missing file without ``create`` (a mistyped ``--store`` must not start an empty
+    store), a file another process holds, a corrupt or truncated file."""
+    from collector.agent import open_store
+
+    if store_missing(settings) and not create:
+        path = settings.store_path
+        fail(f"{command}: store {path}: no such file (pass --create to start a new, empty store)")
+    try:
+        return open_store(settings, threads=threads)
+    except Exception as exc:  # StoreError, DuckDB's errors, a DuckLake catalog that does not answer
+        fail(f"{command}: {store_problem(settings.store_path, exc)}")
+
+
+def store_problem(path: str | Path, exc: BaseException) -> str:
+    """One line saying why the store at ``path`` cannot be opened."""
+    text = " ".join(str(exc).split())
+    held = _HELD.search(text)
+    if held:
+        return (f"store {path} is in use by another process (PID {held[1]}): stop it, or read it with "
+                "ioe analyze / ioe query, which take a snapshot")  # fmt: skip
+    if text.startswith(f"store {path}"):
+        return text
+    return f"store {path}: cannot open ({text})"
+
+
+_HELD = re.compile(r"Conflicting lock is held in .*?\(PID (\d+)\)")
+SNAPSHOT_TRIES = 3
+
+
+@contextmanager
+def readable_store(command: str, path: Path) -> Iterator[Path]:
+    """The path to read ``path`` from, or exit 2 with one line (missing, corrupt, truncated).
+
+    A store a running writer holds (the sidecar, ``ioe serve``) cannot be opened by a second
+    process, even read-only; it is then read from a snapshot: the file and its write-ahead log
+    copied to a temporary directory (deleted afterwards), which holds what was committed when the
+    copy was taken. A copy torn by a concurrent checkpoint fails to open and is taken again, up to
+    :data:`SNAPSHOT_TRIES` times."""
+    from collector.store import Store
+
+    if not path.exists():
+        fail(f"{command}: store {path}: no such file")
+    try:
+        Store(path, read_only=True).close()
+    except Exception as exc:
+        held = _HELD.search(" ".join(str(exc).split()))
+        if not held:
+            fail(f"{command}: {store_problem(path, exc)}")
+        with tempfile.TemporaryDirectory(prefix="ioe-snapshot-") as tmp:
+            copy = _snapshot(path, Path(tmp), held[1], command)
+            typer.echo(f"{command}: store {path} is in use by PID {held[1]}: reading a snapshot", err=True)
+            yield copy
+        return
+    yield path
+
+
+def _snapshot(path: Path, tmp: Path, pid: str, command: str) -> Path:
+    from collector.store import Store
+
+    copy = tmp / path.name
+    problem: BaseException | None = None
+    for _ in range(SNAPSHOT_TRIES):
+        wal = Path(f"{path}.wal")
+        try:
+            shutil.copyfile(path, copy)
+            if wal.exists():
+                shutil.copyfile(wal, Path(f"{copy}.wal"))
+            Store(copy, read_only=True).close()
+            return copy
+        except Exception as exc:  # a torn copy: take it again
+            problem = exc
+            Path(f"{copy}.wal").unlink(missing_ok=True)
+    why = " ".join(str(problem).split())
+    fail(f"{command}: store {path} is in use by PID {pid} and no consistent snapshot could be read "
+         f"({why}); query it through that process's API (/api/v1/query)")  # fmt: skip

@@ -2,8 +2,9 @@
 
 ``ioe analyze --store FILE [--deployment D] [--window 15m] [--at TIME] [--json]``. The command is a
 typer group (``invoke_without_command``) so sub-commands such as ``ioe analyze stragglers`` can be
-added beside the default report. It opens the store read-only and prints; the analysis itself is
-:func:`analyzer.report.build_report` (the same objects the API serves).
+added beside the default report. It opens the store read-only (a snapshot of it while a running
+sidecar or ``ioe serve`` holds it: :func:`ioe.commands._common.readable_store`) and prints; the
+analysis itself is :func:`analyzer.report.build_report` (the same objects the API serves).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import typer
 from analyzer.deployments import find_deployment, list_deployments
 from analyzer.report import build_report, latest_ns
 from collector.readonly import open_readonly
+from ioe.commands._common import fail, readable_store
 
 NS = 1_000_000_000
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -79,17 +81,35 @@ def analyze(
         None, "--at", help="Window end: Unix seconds or ISO-8601 (default: latest)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    config: Path | None = typer.Option(None, "--config", help="Config file whose analysis: block applies."),
+    sets: list[str] = typer.Option(
+        [], "--set", help="An analysis setting, FIELD=VALUE (repeatable), e.g. --set bin_s=30."
+    ),
+    explain: bool = typer.Option(
+        False, "--explain", help="Print the analysis settings in force and their origin."
+    ),
 ) -> None:
     """Print each deployment's zone with its evidence, Cp, headroom and p99 regressions."""
     if ctx.invoked_subcommand is not None:
         return
+    th, origins = _analysis(config, sets)
+    if explain:
+        for name, value in th.model_dump().items():
+            typer.echo(f"{name} = {value}  ({origins[name]})")
+        if store is None:
+            return
     if store is None:
         raise typer.BadParameter("--store is required", param_hint="--store")
     window_s = parse_duration(window)
-    if not store.exists():
-        typer.echo(f"store {store}: no such file", err=True)
-        raise typer.Exit(2)
-    con = open_readonly(store)
+    with readable_store("ioe analyze", store) as path:  # a live writer's store: a snapshot
+        report = _report(path, store, deployment, window_s, at, th)
+    typer.echo(json.dumps(report, indent=2, default=str) if as_json else _text(report))
+
+
+def _report(
+    path: Path, store: Path, deployment: str | None, window_s: float, at: str | None, th: Any
+) -> dict[str, Any]:
+    con = open_readonly(path)
     try:
         end_ns = parse_time(at) if at else latest_ns(con)
         if end_ns is None:
@@ -99,12 +119,34 @@ def analyze(
             since = end_ns - int(window_s * NS)
             deps = [find_deployment(con, deployment, since)] if deployment else list_deployments(con, since)
         except KeyError as exc:
-            typer.echo(str(exc.args[0]), err=True)
-            raise typer.Exit(2) from exc
-        report = build_report(con, deps, end_ns, window_s)
+            fail(f"ioe analyze: {exc.args[0]}")
+        return build_report(con, deps, end_ns, window_s, th)
     finally:
         con.close()
-    typer.echo(json.dumps(report, indent=2, default=str) if as_json else _text(report))
+
+
+def _analysis(config: Path | None, sets: list[str]) -> tuple[Any, dict[str, str]]:
+    """The analysis settings (defaults < config < IOE_ANALYSIS__* < --set) and each one's origin;
+    a bad name or value exits 2 with one line naming it."""
+    from ioe.settings import SettingsError, analysis_origins, load_settings
+
+    given: dict[str, Any] = {}
+    for item in sets:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip():
+            typer.echo(f"--set {item!r}: expected FIELD=VALUE", err=True)
+            raise typer.Exit(2)
+        try:
+            given[name.strip()] = json.loads(raw)
+        except ValueError:
+            given[name.strip()] = raw
+    try:
+        # --set merges over the config/env analysis block field by field
+        settings = load_settings(config, args={"analysis": given} if given else None)
+    except SettingsError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    return settings.analysis, analysis_origins(config, sets=given)
 
 
 def register(app: typer.Typer) -> None:

@@ -11,12 +11,14 @@ import typer
 
 from analyzer import catalog, modelcfg, perf, planner
 from collector.store import Store
+from ioe.commands._common import readable_store
 
 
 def _from_store(store: Path, deployment: str, ttft: float, tpot: float) -> tuple[Any, Any, dict[str, Any]]:
     """The deployment's workload, current layout, declaration (model, GPU, fabric, nodes, engine,
     precision) and measured median TTFT / ITL."""
-    with Store(store, read_only=True) as st, st.cursor() as cur:
+    # a store a running sidecar holds is read from a snapshot; a corrupt one is one line and exit 2
+    with readable_store("ioe plan", store) as path, Store(path, read_only=True) as st, st.cursor() as cur:
         work = planner.workload_from_store(cur, deployment, ttft, tpot)
         layout, info = planner.current_layout(cur, deployment)
         ctx = planner.deployment_context(cur, deployment)

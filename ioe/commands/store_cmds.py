@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import typer
@@ -12,29 +11,36 @@ import typer
 from collector.formats import IngestContext
 from collector.ingest import ingest_paths
 from collector.readonly import ReadOnlyQueryError, run_readonly_query
-from collector.store import Store
+from collector.store import Store, StoreError
+from ioe.commands._common import readable_store
 
 
 def ingest(
     paths: list[Path] = typer.Argument(..., help="Files or directories to import."),
     store: Path = typer.Option(..., "--store", help="DuckDB store file (created if missing)."),
     host: str = typer.Option("", "--host", help="Host name for inputs that do not carry one."),
-    ts: float = typer.Option(0.0, "--ts", help="Capture time (Unix seconds) for inputs without timestamps."),
+    ts: float = typer.Option(
+        0.0,
+        "--ts",
+        help="Capture time (Unix seconds) for inputs without timestamps (default: each file's mtime).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Import captured files (format detected from content) and print rows stored per table."""
-    ctx = IngestContext(ts_ns=int(ts * 1e9) if ts else time.time_ns(), host=host, source="ingest")
-    with Store(store) as st:
-        try:
+    ctx = IngestContext(ts_ns=int(ts * 1e9) if ts else 0, host=host, source="ingest", ts_given=bool(ts))
+    try:
+        with Store(store) as st:
             report = ingest_paths(st, paths, ctx)
-        except FileNotFoundError as exc:
-            typer.echo(str(exc), err=True)
-            raise typer.Exit(2) from exc
+    except (FileNotFoundError, StoreError) as exc:
+        typer.echo(f"ioe ingest: {exc}", err=True)
+        raise typer.Exit(2) from exc
     out = {
         "rows": dict(report.rows),
         "files": dict(report.files),
         "problems": [str(p) for p in report.problems],
+        "problems_not_listed": report.problems_not_listed,
         "unrecognized": report.unrecognized,
+        "unrecognized_why": report.reasons,
     }
     if as_json:
         typer.echo(json.dumps(out, indent=2))
@@ -45,8 +51,10 @@ def ingest(
             typer.echo(f"format {fmt:17s} {n:>10d} files")
         for p in report.problems:
             typer.echo(f"refused: {p}", err=True)
+        if report.problems_not_listed:
+            typer.echo(f"refused: {report.problems_not_listed:,} more problem(s) not listed", err=True)
         for u in report.unrecognized:
-            typer.echo(f"unrecognized: {u}", err=True)
+            typer.echo(f"unrecognized: {u}: {report.reasons.get(u, '')}", err=True)
     if not report.files:
         raise typer.Exit(1)
 
@@ -61,7 +69,8 @@ def query(
     if fmt not in ("csv", "json"):
         raise typer.BadParameter("--format must be csv or json")
     try:
-        result = run_readonly_query(store, sql, max_rows=limit)
+        with readable_store("ioe query", store) as path:  # a live writer's store: a snapshot
+            result = run_readonly_query(path, sql, max_rows=limit)
     except ReadOnlyQueryError as exc:
         typer.echo(f"query refused: {exc}", err=True)
         raise typer.Exit(2) from exc
