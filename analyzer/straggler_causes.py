@@ -217,7 +217,8 @@ def _series(df: pl.DataFrame) -> dict[tuple[str, int, str, int], tuple[np.ndarra
 
 
 def load_gpu_samples(con: duckdb.DuckDBPyConnection, hosts: list[str], lo: int, hi: int) -> pl.DataFrame:
-    """The samples rules 1–4 read for ``hosts`` in ``[lo, hi)`` (all time when none are there)."""
+    """The samples rules 1–4 read for ``hosts`` in ``[lo, hi)``; when none are there (telemetry
+    on another clock), the hosts' last hour of samples."""
     metrics = [*GAUGES, *MASKS, *COUNTERS, "xid_last"]
     sql = (
         "SELECT host, gpu, metric, link, ts_ns, value FROM gpu_samples "
@@ -225,8 +226,10 @@ def load_gpu_samples(con: duckdb.DuckDBPyConnection, hosts: list[str], lo: int, 
     )
     got = con.execute(sql + " AND ts_ns >= ? AND ts_ns < ?", [metrics, hosts, lo, hi]).to_arrow_table()
     df: pl.DataFrame = pl.from_arrow(got)  # type: ignore[assignment]
-    if df.height == 0:  # telemetry outside the collectives' time (another clock): use all of it
-        df = pl.from_arrow(con.execute(sql, [metrics, hosts]).to_arrow_table())  # type: ignore[assignment]
+    if df.height == 0:  # telemetry outside the collectives' time (another clock): its last hour
+        last = sql + " AND ts_ns >= (SELECT max(ts_ns) FROM gpu_samples WHERE list_contains(?, host)) - ?"
+        got = con.execute(last, [metrics, hosts, hosts, 3_600 * 10**9]).to_arrow_table()
+        df = pl.from_arrow(got)  # type: ignore[assignment]
     return df
 
 
@@ -489,13 +492,19 @@ def explain(
     origin: str | None,
     rank: int,
     th: CauseThresholds,
+    cache: dict[Any, Telemetry] | None = None,
 ) -> Verdict:
-    """Rules 1–14 for one named rank."""
+    """Rules 1–14 for one named rank. ``cache`` keeps the samples read for one set of hosts and
+    time range, so the ranks of one communicator share one query."""
     hosts = sorted({culprit[0], *(p[0] for p in peers)})
     allspans = spans + history
     lo = min(s[0] for s in allspans) - 3_600 * 10**9 if allspans else 0
     hi = max(s[1] for s in allspans) if allspans else 2**62
-    tel = Telemetry(_series(load_gpu_samples(con, hosts, lo, hi)))
+    cache = {} if cache is None else cache
+    key = (tuple(hosts), lo, hi)
+    if key not in cache:
+        cache[key] = Telemetry(_series(load_gpu_samples(con, hosts, lo, hi)))
+    tel = cache[key]
     if not any(_in(ts, spans).any() for (h, g, _, _), (ts, _v) in tel.series.items() if (h, g) == culprit):
         spans, history = [(0, 2**62)], []  # no sample inside the slow windows: judge on all of them
     rows = evidence_rows(tel, culprit, peers, spans, history)

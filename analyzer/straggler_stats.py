@@ -133,7 +133,14 @@ def arrivals(part: pl.DataFrame, window_us: float) -> Arrivals | None:
     df = part if part["coll_sn"].min() >= 0 else part.filter(pl.col("coll_sn") >= 0)  # type: ignore[operator]
     if df.height == 0:
         return None
-    sn_all, inst = _dense(df["coll_sn"].cast(pl.Int64).to_numpy())
+    sn_raw = df["coll_sn"].cast(pl.Int64).to_numpy()
+    sn_all, inst = _dense(sn_raw)
+    multi = np.bincount(inst)[inst] >= 2  # rows of single-rank instances never make a matrix row
+    if not multi.any():
+        return None
+    if not multi.all():
+        df = df.filter(pl.Series(multi))
+        sn_all, inst = _dense(sn_raw[multi])
     ranks, col = _dense(df["rank"].cast(pl.Int64).to_numpy())
     shape = (sn_all.size, ranks.size)
     start, stop, ex = (_matrix(inst, col, shape, df[c]) for c in ("start_us", "stop_us", "exec_us"))

@@ -1,8 +1,9 @@
 """Straggler ranks: every rank that makes its peers wait, tested over time, and why.
 
 Input: ``collective_records`` of one communicator (NCCL Inspector, Kineto), grouped into instances
-by :func:`analyzer.collectives.rank_waits` (the same collective, same ``coll_sn``, on every rank).
-The causes are read from the culprit GPU's telemetry (:mod:`analyzer.straggler_causes`).
+(the same ``coll_sn`` ≥ 0 on ≥ 2 ranks, as in :mod:`analyzer.collectives`); the arithmetic is in
+:mod:`analyzer.straggler_stats`, the causes are read from the culprit GPU's telemetry by
+:mod:`analyzer.straggler_causes`.
 
 Rule for "straggler" (defaults in :class:`Thresholds`):
 
@@ -20,7 +21,8 @@ Rule for "straggler" (defaults in :class:`Thresholds`):
 3. Test (no threshold on one window): per instance a rank's arrival order, tied ranks
    averaged, scaled to ``u ∈ [0, 1]`` (0 first, 1 last). A rank no different from its peers
    has ``E[u] = 1/2`` and ``Var[u] = (n+1) / (12 (n−1))`` in every instance, independently, so
-   over ``k`` instances ``z = Σ(u − 1/2) / √ΣVar`` is standard normal; p = P(Z ≥ z).
+   over ``k`` instances ``z = Σ(u − 1/2) / √ΣVar`` is standard normal; p = P(Z ≥ z). (Ties
+   make the true variance smaller, so the test is then conservative.)
 4. Windows of ``window_s`` on each instance's earliest start (else its dump time); a window is
    evaluated when it holds ≥ ``min_instances`` instances. Every (rank, window) is tested
    (rule 3), and every rank over the whole span (pooled). False discoveries are controlled with
@@ -294,10 +296,12 @@ def root_cause(
     mapping: dict[int, tuple[str, int]] | None = None,
     th: Thresholds | None = None,
     gpus_of_comm: tuple[dict[int, tuple[str, int]], str] | None = None,
+    cache: dict[Any, Any] | None = None,
 ) -> Straggler:
     """Fill ``cause``, ``causes``, ``evidence``, ``host``/``gpu`` of ``s`` in place; with two
     ranks ``backed`` says whether the telemetry backs the verdict (rule 7). ``gpus_of_comm``:
-    :func:`rank_gpus` of the communicator when the caller has it already."""
+    :func:`rank_gpus` of the communicator when the caller has it already; ``cache``: telemetry
+    already read for the communicator's GPUs (filled here)."""
     th = th or Thresholds()
     gpus, how = gpus_of_comm or rank_gpus(con, origin, mapping, s.comm_id or None)
     s.mapping = how
@@ -312,7 +316,7 @@ def root_cause(
     first, last = s.evaluated_span or [min(s.flagged_windows, default=0), max(s.flagged_windows, default=0)]
     rest = sorted(set(range(first, last + 1)) - set(s.flagged_windows))
     history = [(e["start_ns"], e["end_ns"]) for e in episodes(rest, th.window_s)]
-    verdict = causes.explain(con, (s.host, s.gpu), peers, slow, history, origin, s.rank, th)
+    verdict = causes.explain(con, (s.host, s.gpu), peers, slow, history, origin, s.rank, th, cache)
     s.cause, s.causes, s.evidence = verdict.cause, verdict.causes, verdict.evidence
     s.backed = s.n_ranks > 2 or verdict.cause != "unexplained"
     return s
@@ -327,10 +331,11 @@ def _judged(
 ) -> list[dict[str, Any]]:
     out = []
     per_comm: dict[str, tuple[dict[int, tuple[str, int]], str]] = {}
+    telemetry: dict[Any, Any] = {}
     for s in found:
         if s.comm_id not in per_comm:  # one scan of the communicator's records for all its ranks
             per_comm[s.comm_id] = rank_gpus(con, origin, mapping, s.comm_id or None)
-        root_cause(con, s, origin, mapping, th, per_comm[s.comm_id])
+        root_cause(con, s, origin, mapping, th, per_comm[s.comm_id], telemetry)
         if s.backed:
             out.append(asdict(s))
     return out

@@ -3,7 +3,7 @@
 Scenarios (8 ranks on one host by default, one AllReduce every ``step_s``):
 
 - ``balanced``: every rank arrives with the same Gaussian jitter; nobody is a straggler.
-- ``intermittent``: rank 5 arrives ``delay_us`` late only in windows 10–13 of 40 (transient).
+- ``intermittent``: rank 5 arrives ``delay_us`` late only in windows 10–13 of 40 (intermittent).
 - ``throttled``: rank 3 is always late; its GPU runs at 1,400 MHz, 88 °C, thermal violation
   time rising and throttle mask 0x40 (HW thermal slowdown), peers 1,980 MHz / 65 °C.
 - ``slow_link``: rank 6 is always late; its PCIe replay counter rises, clocks are normal.

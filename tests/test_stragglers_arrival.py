@@ -98,7 +98,7 @@ def test_slow_link_cause() -> None:
     assert ev["pcie_replay_total"]["culprit"] > 0 and ev["pcie_replay_total"]["peers_median"] == 0.0
 
 
-def test_intermittent_is_transient_in_its_windows() -> None:
+def test_intermittent_is_named_in_its_windows() -> None:
     found = _verdict("intermittent")
     assert [s["rank"] for s in found] == [5]
     s = found[0]

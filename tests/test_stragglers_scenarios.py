@@ -403,3 +403,40 @@ def test_inspector_without_timestamps() -> None:
         found = analyze(con, "inspector", th=TH)["origins"]["inspector"]
     assert [(s["rank"], s["kind"]) for s in found] == [(3, "persistent")]
     assert found[0]["slowness"] == pytest.approx(0.10, abs=0.02)
+
+
+def test_row_order_and_junk_rows_change_nothing() -> None:
+    """The same timeline shuffled, with Prometheus aggregates (coll_sn −1) and records seen on one
+    rank only added, names the same ranks with the same figures: instances are keyed by
+    coll_sn, and rows that are not instances are left out (collectives rule 1)."""
+    from analyzer.stragglers import find_stragglers
+
+    clean = trace(Group(slow={2: 1.15, 6: 1.40}, when={6: {5, 12}}, steps=900))
+    junk = clean.head(50).with_columns(pl.lit(-1, pl.Int64).alias("coll_sn"))
+    lonely = clean.filter(pl.col("rank") == 0).head(30).with_columns(pl.col("coll_sn") + 10_000)
+    messy = pl.concat([clean, junk, lonely]).sample(fraction=1.0, shuffle=True, seed=4)
+
+    def key(rec: pl.DataFrame) -> list[tuple[Any, ...]]:
+        rec = rec.with_columns(pl.col("start_us").alias("t_us"))
+        return [(s.rank, s.kind, s.flagged_windows, round(s.slowness or 0, 9), round(s.z, 6))
+                for s in find_stragglers(rec, TH)]  # fmt: skip
+
+    assert key(messy) == key(clean) and [k[0] for k in key(clean)] == [6, 2]
+
+
+def test_tp2_backed_by_its_own_history() -> None:
+    """TP2 across two hosts; only host B (rank 1) is scraped. Its GPU's clock reads 1,584 MHz in
+    seconds 16–24 and 1,980 MHz before and after, and rank 1 is 25 % slow exactly then (windows
+    8–11). With no peer telemetry, the drop against its own history backs the verdict:
+    intermittent, gpu_throttled, the clock's own history shown."""
+
+    def clock(t: np.ndarray) -> np.ndarray:
+        return np.where((t >= 16) & (t < 24), 1584.0, 1980.0)
+
+    g = Group(n_ranks=2, slow={1: 1.25}, when={1: {8, 9, 10, 11}}, hosts=["hostA", "hostB"])
+    found = judge(g, gpu=telemetry([("hostB", 0)], {("hostB", 0): {"sm_clock_mhz": clock}}))
+    assert [(s["rank"], s["host"], s["kind"], s["cause"]) for s in found] == [
+        (1, "hostB", "intermittent", "gpu_throttled")]  # fmt: skip
+    assert found[0]["flagged_windows"] == [W0 + w for w in (8, 9, 10, 11)]
+    c = ev(found[0], "sm_clock_mhz")
+    assert (c["culprit"], c["peers_median"], c["own_history"]) == (1584.0, None, 1980.0)
