@@ -86,3 +86,19 @@ def test_verdicts_doc_is_current(tmp_path_factory: pytest.TempPathFactory) -> No
     spec.loader.exec_module(mod)
     text = mod.render_doc(tmp_path_factory.getbasetemp() / "truth")
     assert (root / "docs" / "verdicts.md").read_text() == text, "run scripts/gen_verdicts_doc.py"
+
+
+STEADY = sorted(n for n, sc in SCENARIOS.items() if not sc.expected.windows and "ramp" not in n)
+
+
+@pytest.mark.parametrize("name", STEADY)
+def test_a_steady_state_gets_one_zone_for_5_10_and_15_minute_windows(
+    name: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A steady capture judged over its last 5 minutes, its whole 10, and a 15-minute window that
+    starts 5 minutes before it: the same zone each time."""
+    sc = SCENARIOS[name]
+    _, store, _ = build(sc, tmp_path_factory.getbasetemp() / "truth")
+    end = sc.t0 + sc.duration_s
+    zones = {w: _primary(analyze_json(store, window_s=w, at_s=end), sc)[0] for w in (300.0, 900.0)}
+    assert zones == {300.0: sc.expected.zone, 900.0: sc.expected.zone}

@@ -86,6 +86,24 @@ COMPUTE = Scenario(
     seed=14,
 )
 
+COMPUTE_RAMP = Scenario(
+    "compute_prefill_ramp",
+    "Llama-3.1-8B on one H100, RAG traffic ramping up for ten minutes, then held (a 14-minute window)",
+    LLAMA_8B,
+    _one(1),
+    (Phase(0.0, 600.0, 0.2, 4.7, 6000, 40), Phase(600.0, 840.0, 4.7, 4.7, 6000, 40)),
+    Expected(
+        "compute",
+        "The same long-prompt traffic as compute_prefill, arriving at 0.2 requests/s and ramping to 4.7 over "
+        "ten minutes, then held for four: for the last third of the window the tensor pipes sit at ~0.6 "
+        "and SM ~0.9 as in the steady case. A mean over the whole 14 minutes is diluted by the quiet start "
+        "(it would read ~0.4), but the deployment has reached its compute wall: judged at the load it "
+        "reached, compute binds.",
+    ),
+    duration_s=840.0,
+    seed=18,
+)
+
 KV = Scenario(
     "kv_capacity",
     "Llama-3.1-8B on one H100, long-context chat that outgrows the KV pool",
@@ -299,6 +317,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     HBM_1GPU,
     HBM_TP4,
     COMPUTE,
+    COMPUTE_RAMP,
     KV,
     OVERLOAD,
     TP8_LIGHT,
