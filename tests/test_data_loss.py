@@ -202,7 +202,7 @@ def test_two_nodes_files_of_one_name_stay_two_series_and_reimport_adds_nothing(t
 
 
 def test_a_cut_off_last_line_is_refused_not_stored_as_a_smaller_number(tmp_path: Path) -> None:
-    # the copy was taken mid-write: "24669591596" became "246695"; still a number, but wrong
+    # the copy was taken mid-write: "24669591596" became "24669"; still a number, but wrong
     full = 'DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{gpu="0",UUID="GPU-a"} 24669591596\n'
     path = tmp_path / "dcgm.prom"
     path.write_text(full + full.replace("GPU-a", "GPU-b")[:-7])
