@@ -198,7 +198,8 @@ class Agent:
         tailer = InspectorTailer(directory, state, self.queue)
         while await self.sidecar.pause(self.settings.readers.interval_s):
             try:
-                await asyncio.to_thread(tailer.poll)
+                report = await asyncio.to_thread(tailer.poll)
+                self.sidecar.report_problems(report.problems, "nccl-inspector")
             except Exception:
                 log.exception("NCCL Inspector tailer failed on %s; will retry", directory)
 
