@@ -178,6 +178,7 @@ class Agent:
                 port=self.settings.otlp.grpc_port,
                 max_message_bytes=self.settings.otlp.max_body_bytes,
                 token=self.settings.token,
+                on_shed=lambda: self.metrics.otlp_shed.labels("grpc").inc(),
             )
 
     async def _maintenance_loop(self) -> None:
