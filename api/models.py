@@ -152,10 +152,17 @@ class Headroom(_M):
 
 class Regression(_M):
     deployment: str
-    baseline: str
+    baseline: str = Field(description="baseline mode asked for (analysis setting regression_baseline)")
     baseline_window_ns: list[int]
+    baseline_mode_used: str = Field("", description="mode whose window was compared with (after fallback)")
+    fallback_reason: str | None = Field(None, description="why the asked mode could not serve (else null)")
     metrics: list[dict[str, Any]]
-    axes: list[dict[str, Any]]
+    axes: list[dict[str, Any]] = Field(
+        description="per axis (load = arrival rate, context_length, kv_pressure, fabric_bytes, clocks, "
+        "straggler_share): before, after, change_ratio, moved, change_point_ns, lead_s, source"
+    )
+    moved_first: str | None = Field(None, description="the moved axis whose change point led the latency's")
+    change_point_ns: int | None = Field(None, description="the latency's change point")
     missing: list[str]
 
 

@@ -353,8 +353,7 @@ async function deploymentView(main, name) {
   const roomTable = table(["KV sequences left", "HBM BW left", "fabric left", "TTFT SLO margin", "ITL SLO margin"],
     [[fmt(room.kv_sequences_left), fmt(room.hbm_bandwidth_left_ratio), fmt(room.fabric_left_ratio),
       dur(room.ttft_slo_margin_s), dur(room.itl_slo_margin_s)]]);
-  const regr = table(["metric", "p99 now", "p99 baseline", "ratio", "verdict"],
-    env.regression.metrics.map(m => [m.metric, dur(m.now_s), dur(m.baseline_s), fmt(m.ratio), m.verdict]));
+  const regr = regressionView(env.regression);
   const tfmt = {xFmt: hhmm, yFmt: dur, step: lat.bin_s * 1e9, xLabel: "time (UTC)"};
   const gpuSeries = bySeries(gpu.series, "bin_start_ns", "mean", r => r.metric.replace("_ratio", ""));
   const linkSeries = bySeries(fab.links, "bin_start_ns", "mean", r => r.metric.replace("_bytes_per_s", ""))
@@ -377,6 +376,20 @@ async function deploymentView(main, name) {
     section("Plan", el("div", {id: "plan"}, el("p", {class: "muted"}, "planning…"))));
   main.dataset.ready = "1";
   await planView(document.getElementById("plan"), base);
+}
+
+// p99 regressions: the baseline actually compared with (and why, after a fallback), and the axes
+// that moved, the one that moved first marked.
+function regressionView(reg) {
+  const used = reg.baseline_mode_used || reg.baseline;
+  const rows = table(["metric", "p99 now", `p99 baseline (${used})`, "ratio", "verdict"],
+    reg.metrics.map(m => [m.metric, dur(m.now_s), dur(m.baseline_s), fmt(m.ratio), m.verdict]));
+  const moved = reg.axes.filter(a => a.moved).map(a =>
+    `${a.axis}${a.axis === reg.moved_first ? " (moved first)" : ""} ${a.change_ratio > 0 ? "+" : ""}${fmt(100 * a.change_ratio, 2)} %`);
+  return el("div", {class: "regression", "data-baseline": used},
+    rows,
+    moved.length ? el("p", {class: "small moved-axes"}, "axes moved: " + moved.join(", ")) : "",
+    reg.fallback_reason ? el("p", {class: "muted small fallback"}, `baseline ${used}: ${reg.fallback_reason}`) : "");
 }
 
 async function planView(box, base) {
