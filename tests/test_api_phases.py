@@ -31,7 +31,7 @@ AT = str(T0_NS // NS + 60)
 PB = {"Content-Type": "application/x-protobuf"}
 
 
-def _declare(st: Store, name: str, model: str) -> None:
+def declare(st: Store, name: str, model: str) -> None:
     spec = {"targets": [f"{name}-engine"], "gpus": []}
     st.write("deployments", frame("deployments", [{
         "name": name, "model": model, "gpu_type": "h100_sxm", "tp": 1, "pp": 1, "dp": 1, "ep": 1,
@@ -48,8 +48,8 @@ def _declare(st: Store, name: str, model: str) -> None:
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
     st = Store(":memory:")
-    _declare(st, "chat", "meta-llama/Llama-3.1-8B-Instruct")
-    _declare(st, "pd", "Qwen3-32B")
+    declare(st, "chat", "meta-llama/Llama-3.1-8B-Instruct")
+    declare(st, "pd", "Qwen3-32B")
     with TestClient(create_app(Settings(store_path=":memory:"), st)) as c:
         for spans in (vllm_spans(100), trtllm_spans(100)):
             r = c.post("/v1/traces", content=to_protobuf(spans), headers=PB)
