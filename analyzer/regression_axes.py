@@ -26,6 +26,11 @@ Axes and what each reads:
 
 A source is chosen once per analysis (:func:`choose_sources`), the first in the order above that
 has data on both sides of the comparison, so before and after are measured alike.
+
+Known limit: engines send a request's span when it finishes, so a request that arrived near the
+end of the window and is still running is not counted yet: the last ``e2e`` seconds of the window
+read low. Over a window many times the request latency this is a small part; the counters have
+the mirror limit (a completion is counted one latency after its arrival).
 """
 
 from __future__ import annotations
