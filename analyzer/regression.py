@@ -49,7 +49,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from analyzer.deployments import ENGINE_KEY_SQL, Deployment
+from analyzer.deployments import Deployment
 from analyzer.latency import NS, binned_quantiles, window_quantiles
 from analyzer.regression_axes import AXES, UNITS, Parts, axis_parts, choose_sources
 from analyzer.thresholds import Thresholds
@@ -90,10 +90,10 @@ def baseline_window(start_ns: int, end_ns: int, kind: str, th: Thresholds | None
 
 
 def history_start(con: duckdb.DuckDBPyConnection, dep: Deployment) -> int | None:
-    """The deployment's first engine sample time (rule 2), or None when it has none."""
-    row = con.execute(
-        f"SELECT min(ts_ns) FROM engine_samples WHERE list_contains(?, {ENGINE_KEY_SQL})",
-        [list(dep.engine_keys)],
+    """The first engine sample time of the deployment's sources (rule 2), or None when none."""
+    sources = sorted({k.split("|", 1)[0] for k in dep.engine_keys})
+    row = con.execute(  # by source, not by the composed key: one plain column filter over all history
+        "SELECT min(ts_ns) FROM engine_samples WHERE list_contains(?, source)", [sources]
     ).fetchone()
     return int(row[0]) if row and row[0] is not None else None
 
