@@ -140,7 +140,7 @@ class Settings(_Model):
             except ValidationError as exc:
                 raise ValueError(
                     "; ".join(
-                        f"analysis.{'.'.join(map(str, e['loc']))}: {e['msg']} (got {e.get('input')!r})"
+                        f"{'.'.join(['analysis', *map(str, e['loc'])])}: {e['msg']} (got {e.get('input')!r})"
                         for e in exc.errors()
                     )
                 ) from None
