@@ -63,7 +63,7 @@ from collector.records import REPLACE_TABLES, TABLES, Table
 from collector.store import MIGRATIONS, NS_PER_MIN, SCHEMA_VERSION, Retention, RowCounts, Store, StoreError
 
 if TYPE_CHECKING:
-    from ioe.settings import Settings
+    from ioeconf.settings import Settings
 
 log = logging.getLogger(__name__)
 
