@@ -25,12 +25,23 @@ def ingest(
         help="Capture time (Unix seconds) for inputs without timestamps (default: each file's mtime).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    progress: bool | None = typer.Option(
+        None,
+        "--progress/--no-progress",
+        help="Progress bar on stderr (default: on a terminal, once an import runs over 2 s).",
+    ),
 ) -> None:
     """Import captured files (format detected from content) and print rows stored per table."""
+    from ioe.progress import IngestProgress
+
     ctx = IngestContext(ts_ns=int(ts * 1e9) if ts else 0, host=host, source="ingest", ts_given=bool(ts))
     try:
-        with Store(store) as st:
-            report = ingest_paths(st, paths, ctx)
+        bar = IngestProgress(paths, forced=progress)
+        try:
+            with Store(store) as st:
+                report = ingest_paths(st, paths, ctx, progress=bar if bar.enabled else None)
+        finally:
+            bar.close()
     except (FileNotFoundError, StoreError) as exc:
         typer.echo(f"ioe ingest: {exc}", err=True)
         raise typer.Exit(2) from exc
