@@ -42,6 +42,7 @@ from analyzer.collectives import rank_waits, summary
 from analyzer.crossover import history_bins
 from analyzer.deployments import ENGINE_KEY_SQL, Deployment, list_deployments
 from analyzer.latency import binned_quantiles, bucket_increases, quantiles_from_increases, window_quantiles
+from analyzer.phases import request_phases
 from analyzer.report import deployment_report, plan_for_deployment
 from analyzer.thresholds import Thresholds
 
@@ -216,6 +217,15 @@ def trailing_quantiles(
         for (c, b), qlist in sorted(got.items())
         for x in sorted(qlist, key=lambda x: x.q)
     ]  # fmt: skip
+
+
+def phases(con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int) -> dict[str, Any]:
+    """Request phases and the TTFT decomposition (:func:`analyzer.phases.request_phases`): exact
+    quantiles from spans, bucket estimates where the deployment sends none, each labelled."""
+    got = request_phases(con, dep, start_ns, end_ns).to_dict()
+    got.pop("deployment", None)
+    got["computed_at_s"] = time.time()
+    return got
 
 
 def gpu_series(

@@ -128,13 +128,19 @@ def ingest_paths(
     formats = file_formats()
     report = IngestReport()
     for path, name in iter_files(paths):
-        fmt = detect(path, formats)
+        try:
+            fmt = detect(path, formats)
+            stamp = ctx.ts_ns or path.stat().st_mtime_ns
+        except OSError as exc:  # unreadable: named, and the other files go on
+            report.problems.append(Problem(str(path), f"cannot read ({exc})"))
+            if progress:
+                progress(path, 0, True)
+            continue
         if fmt is None:
             _unrecognized(store, path, formats, report)
             if progress:
                 progress(path, 0, True)
             continue
-        stamp = ctx.ts_ns or path.stat().st_mtime_ns
         one = _FileImport(store, path, report, progress)
         one.run(fmt, replace(ctx, ts_ns=stamp, name=name))
         report.files[fmt.name] += 1
