@@ -39,7 +39,7 @@ from collector.selfmetrics import SelfMetrics
 from collector.sources.http_client import HttpClient
 from collector.sources.http_scraper import Health, ScrapeError, fetch, next_delay
 from collector.writer import QueueSink
-from ioe.settings import DeploymentSpec, Settings, TargetSpec
+from ioeconf.settings import DeploymentSpec, Settings, TargetSpec
 
 log = logging.getLogger(__name__)
 
