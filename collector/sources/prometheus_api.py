@@ -48,7 +48,7 @@ import urllib.request
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collector.errors import Problem
 from collector.formats import Parsed
@@ -56,6 +56,9 @@ from collector.formats.prom_matrix import DROP_LABELS, maps, parse_matrix, sourc
 from collector.rates import CounterRates
 from collector.records import batch
 from collector.sink import Sink
+
+if TYPE_CHECKING:
+    from ioe.settings import PrometheusSourceSpec
 
 log = logging.getLogger(__name__)
 
@@ -470,3 +473,39 @@ class Follower:
             self.total.rows[table] = self.total.rows.get(table, 0) + n
         self.total.done_until_ns = end
         return progress
+
+
+def from_spec(spec: PrometheusSourceSpec) -> tuple[Endpoint, Mapping]:
+    """The endpoint and mapping of a ``prometheus_sources`` entry (token and password files read now)."""
+    token = _read_secret(spec.bearer_token_file) or spec.bearer_token
+    password = _read_secret(spec.basic_password_file) or spec.basic_password
+    endpoint = Endpoint(
+        url=spec.url,
+        timeout_s=spec.timeout_s,
+        bearer_token=token,
+        basic_user=spec.basic_user,
+        basic_password=password,
+        ca_file=spec.ca_file,
+        tls_verify=spec.tls_verify,
+        headers=tuple(spec.headers.items()),
+    )
+    mapping = Mapping(
+        selectors=tuple(spec.selectors),
+        step_s=spec.step_s,
+        drop_labels=tuple(spec.drop_labels),
+        source_label=spec.source_label,
+        host_label=spec.host_label,
+        host=spec.host,
+        max_samples=spec.max_samples,
+    )
+    return endpoint, mapping
+
+
+def _read_secret(path: str) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except OSError as exc:
+        raise PrometheusError(f"cannot read {path}: {exc.strerror}") from exc
