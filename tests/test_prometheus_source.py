@@ -32,9 +32,9 @@ from collector.sources.prometheus_api import (
     Progress,
     PromApi,
     PrometheusError,
-    _cut,
     backfill,
     matchers,
+    plan,
 )
 from collector.store import Store
 from ioe.settings import SettingsError, load_settings
@@ -108,6 +108,8 @@ def matrix(*series: tuple[dict[str, str], list[tuple[float, str]]]) -> Answer:
 GPU0 = {"gpu": "0", "UUID": "GPU-0", "Hostname": "n0", "job": "dcgm", "instance": "n0:9400"}
 FB = {"__name__": "DCGM_FI_DEV_FB_USED", **GPU0}
 UTIL = {"__name__": "DCGM_FI_DEV_GPU_UTIL", **GPU0}
+HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+              "request_queue_time_seconds")  # fmt: skip
 ONE = Mapping(step_s=1.0, selectors=('{job="dcgm"}',))  # one selector: the stand-in ignores match[]
 
 
@@ -166,6 +168,36 @@ def test_each_point_keeps_its_own_time_and_units() -> None:
     assert set(got["host"]) == {"n0"} and set(got["source"]) == {"n0:9400"}
 
 
+def test_values_the_mappers_refuse_get_the_mappers_answer_point_by_point() -> None:
+    """A blank sentinel, a negative counter, NaN and a KV usage over 1.5 in otherwise good series:
+    the rows and the problems are those of scraping each point as its own body."""
+    energy = {"__name__": "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", **GPU0}
+    kv = {"__name__": "vllm:kv_cache_usage_perc", "engine": "0", "model_name": "m", "instance": "e:8000"}
+    series = [
+        (energy, ["5000", "1e15", "-3", "7000"]),
+        (kv, ["0.5", "2.0", "NaN", "0.7"]),
+        (UTIL, ["1", "2", "3", "4"]),
+    ]
+    result = [{"metric": m, "values": [[T0_S + i, v] for i, v in enumerate(vs)]} for m, vs in series]
+    got = parse_matrix(result).tables
+    want_rows: dict[str, list[Any]] = {}
+    want_problems = 0
+    for i in range(4):
+        for metric, values in series:
+            labels = ",".join(
+                f'{k}="{v}"' for k, v in metric.items() if k not in ("__name__", "job", "instance")
+            )
+            body = f"{metric['__name__']}{{{labels}}} {values[i]}\n"
+            source = metric["instance"]
+            one = parse_scrape(body, ts_ns=(T0_S + i) * NS, source=source)
+            want_problems += len(one.problems)
+            for table, frame in one.tables.items():
+                want_rows.setdefault(table, []).extend(frame.drop("rate_per_s", strict=False).rows())
+    for table, rows in want_rows.items():
+        assert sorted(got[table].drop("rate_per_s", strict=False).rows()) == sorted(rows), table
+    assert want_problems == len(parse_matrix(result).problems) > 0
+
+
 def test_a_value_that_is_not_a_number_is_named_and_the_rest_kept() -> None:
     got = parse_matrix([{"metric": UTIL, "values": [[T0_S, "50"], [T0_S + 1, "fifty"]]}])
     assert got.tables["gpu_samples"]["value"].to_list() == [0.5]
@@ -193,16 +225,35 @@ def test_bad_selectors_are_refused_quoting_them(selector: str) -> None:
         matchers(selector)
 
 
-def test_pieces_respect_the_point_limits_and_cover_the_range_once() -> None:
+def test_windows_respect_the_point_limits_and_cover_the_range_once(stand_in: Callable[..., StandIn]) -> None:
+    """7 days at 15 s of 388 series (an 8-GPU node and its engine): no request over 11,000 points
+    per series nor over max_samples points, windows contiguous and step-aligned, every name read."""
+    names = {f"DCGM_FI_DEV_F{i}": 8 for i in range(24)} | {f"vllm:{h}_bucket": 49 for h in HISTOGRAMS}
+    listed = [{"__name__": n, "gpu": str(k), "le": str(k)} for n, c in names.items() for k in range(c)]
+    server = stand_in(lambda e, f: ok(listed))
     step = 15 * NS
-    first, end = 1000 * step, 1000 * step + 7 * 86400 * NS  # 7 days
-    for series, cap in ((1, 250_000), (400, 250_000), (3, 10)):
-        pieces = _cut("q", series, first, end, step, cap)
-        points = [(p.end_ns - p.start_ns) // step + 1 for p in pieces]
-        assert max(points) <= MAX_POINTS and max(points) * series <= max(cap, series)
-        assert pieces[0].start_ns == first and pieces[-1].end_ns == end
-        assert all(b.start_ns == a.end_ns + step for a, b in itertools.pairwise(pieces))
-        assert sum(points) == (end - first) // step + 1
+    start, end = 1000 * step + 7, 1000 * step + 7 * 86400 * NS
+    for cap in (250_000, 1_000, 10_000_000):
+        windows = plan(
+            PromApi(Endpoint(server.url)),
+            Mapping(step_s=15, max_samples=cap, selectors=ONE.selectors),
+            start,
+            end,
+        )
+        points = [(w.end_ns - w.start_ns) // step + 1 for w in windows]
+        assert max(points) <= MAX_POINTS and max(p.series for w in windows for p in w.pieces) <= 388
+        assert all(
+            p.series * n <= max(cap, p.series) for w, n in zip(windows, points, strict=True) for p in w.pieces
+        )
+        assert windows[0].start_ns == 1001 * step and windows[-1].end_ns == end
+        assert all(b.start_ns == a.end_ns + step for a, b in itertools.pairwise(windows))
+        queried = {
+            n
+            for p in windows[0].pieces
+            for n in names
+            if f'"{n}"' in p.query or f"{n}|" in p.query or f'|{n}"' in p.query
+        }
+        assert queried == set(names) and sum(p.series for p in windows[0].pieces) == 388
 
 
 # -- the HTTP side: what is sent, and every way an answer can be bad ----------------------------------
@@ -276,27 +327,36 @@ def test_no_server_is_one_error_naming_the_url() -> None:
 
 
 def test_rows_written_before_a_failure_are_kept(stand_in: Callable[..., StandIn]) -> None:
-    """Two metric names: the first is read and written, the second's query fails; the first's rows
-    stay in the store and the progress says so; reading again adds only what is missing."""
-    good = _prometheus(
-        {"DCGM_FI_DEV_FB_USED": [(FB, [(T0_S, "1")])], "DCGM_FI_DEV_GPU_UTIL": [(UTIL, [(T0_S, "5")])]}
-    )
+    """Two windows (one point of each of two series each): the second window's query fails; the
+    first window's rows stay in the store and the progress says up to when; reading again adds
+    only what is missing."""
+    series = {"DCGM_FI_DEV_FB_USED": [(FB, [(T0_S, "1")])], "DCGM_FI_DEV_GPU_UTIL": [(UTIL, [(T0_S, "5")])]}
+    later = {
+        "DCGM_FI_DEV_FB_USED": [(FB, [(T0_S + 1, "2")])],
+        "DCGM_FI_DEV_GPU_UTIL": [(UTIL, [(T0_S + 1, "6")])],
+    }
     failing = {"on": True}
 
     def handler(endpoint: str, form: dict[str, str]) -> Answer:
-        if failing["on"] and "GPU_UTIL" in form.get("query", ""):
-            return 500, b"internal error"
-        return good(endpoint, form)
+        if endpoint == "series":
+            return ok([FB, UTIL])
+        if form["start"] == f"{T0_S + 1}.000":
+            if failing["on"]:
+                return 500, b"internal error"
+            return matrix(*[s for v in later.values() for s in v])
+        return matrix(*[s for v in series.values() for s in v])
 
     server = stand_in(handler)
     api, progress = PromApi(Endpoint(server.url)), Progress()
+    two = Mapping(step_s=1.0, selectors=('{job="dcgm"}',), max_samples=2)  # 2 series: 1 step a window
     with Store(":memory:") as st:
         with pytest.raises(PrometheusError, match="HTTP 500"):
-            backfill(api, ONE, st, T0_S * NS, T0_S * NS, progress=progress)
-        assert progress.rows == {"gpu_samples": 1} and st.count("gpu_samples") == 1
+            backfill(api, two, st, T0_S * NS, (T0_S + 1) * NS, progress=progress)
+        assert progress.rows == {"gpu_samples": 2} and st.count("gpu_samples") == 2
+        assert progress.done_until_ns == T0_S * NS
         failing["on"] = False
-        again = backfill(api, ONE, st, T0_S * NS, T0_S * NS)
-        assert again.rows == {"gpu_samples": 1} and st.count("gpu_samples") == 2  # the FB row not twice
+        again = backfill(api, two, st, T0_S * NS, (T0_S + 1) * NS)
+        assert again.rows == {"gpu_samples": 2} and st.count("gpu_samples") == 4  # the first two not twice
 
 
 def test_follow_reads_each_step_once_and_retries_a_failed_range(stand_in: Callable[..., StandIn]) -> None:

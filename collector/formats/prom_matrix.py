@@ -31,24 +31,34 @@ Rules:
 4. Values are Prometheus' strings (``"1.5"``, ``"NaN"``, ``"+Inf"``); one that is not a number
    is a Problem naming the series; the mappers then drop non-finite ones as they do for scrapes.
 5. A series whose name neither mapper knows gives no row (as in a scrape body).
+6. Each series is mapped once, from a sample of value 0.0 (which every mapper stores), and its
+   rows are that row repeated over the series' points with each point's value × the mapper's
+   scale. A series with a value the mappers could treat otherwise — negative, non-finite, a
+   DCGM blank sentinel (≥ 1e14), a KV usage over 1.5 — or a label set they refuse is mapped
+   point by point instead, so the rows and problems are always exactly the mappers'.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from itertools import repeat
+from operator import mul
 from types import MappingProxyType
 from typing import Any
 
 from collector.batch import Batch
 from collector.errors import Problem, quote
 from collector.formats import Parsed
-from collector.formats.dcgm import is_gpu_metric, to_gpu_samples
+from collector.formats.dcgm import BLANK_MIN, is_gpu_metric, to_gpu_samples
+from collector.formats.engine import _KV_MAX as KV_MAX  # its rule 5: a KV usage above is refused
 from collector.formats.engine import family_of, to_engine_samples
 from collector.formats.exposition import Exposition, Sample
+from collector.formats.scrape import VALUE_COLUMN
 
 DROP_LABELS = ("job", "instance")
 NS_PER_MS = 1_000_000
+NS_PER_S = 1_000_000_000
 
 
 def maps(name: str, labels: Mapping[str, str]) -> bool:
@@ -102,11 +112,10 @@ def _where(name: str, labels: Mapping[str, str]) -> str:
 
 
 class _Group:
-    """The points of the series of one (source, host), as exposition samples plus their times."""
+    """The series of one (source, host): each one label mapping, its points' times and values."""
 
     def __init__(self) -> None:
-        self.samples: list[Sample] = []
-        self.stamps: list[int] = []
+        self.series: list[tuple[str, Mapping[str, str], list[int], list[float]]] = []
 
     def add(self, name: str, labels: Mapping[str, str], values: list[list[Any]]) -> str:
         """Append one series' points; returns the first value that is not a number, else ''."""
@@ -122,22 +131,84 @@ class _Group:
             times = tuple(times[i] for i in keep)
             numbers = [v for v in maybe if v is not None]
         # rule 3: whole milliseconds, exact in integer ns (a float product would not be)
-        self.stamps.extend(round(float(t) * 1000) * NS_PER_MS for t in times)
-        self.samples.extend(map(Sample._make, zip(repeat(name), repeat(labels), numbers, repeat(None))))
+        if set(map(type, times)) == {int}:  # whole-second steps: JSON integers
+            stamps = list(map(NS_PER_S.__mul__, times))
+        else:
+            stamps = [round(float(t) * 1000) * NS_PER_MS for t in times]
+        if numbers:
+            self.series.append((name, labels, stamps, numbers))
         return bad
 
     def rows(self, source: str, host: str) -> Parsed:
-        """Both mappers over the group's samples; each row then gets its own sample's time."""
-        exp = Exposition(samples=self.samples, source=source)
-        gpu_trace: list[tuple[int, float, bool]] = []
-        out = to_gpu_samples(exp, ts_ns=0, host=host, source=source, trace=gpu_trace)
-        _restamp(out, "gpu_samples", gpu_trace, self.stamps)
-        traces: dict[str, list[tuple[int, float, bool]]] = {}
-        engine = to_engine_samples(exp, ts_ns=0, source=source, trace=traces)
+        """Rule 6: each series mapped once, its rows repeated over its points; the series a
+        value could make the mappers treat differently are mapped point by point instead."""
+        first = [Sample(name, labels, 0.0, None) for name, labels, _, _ in self.series]
+        mapped, traces = _mapped(first, source, host)
+        if mapped.problems:  # a label the mappers refuse: they say so, point by point
+            return self.point_by_point(range(len(self.series)), source, host)
+        slow = sorted(
+            {i for table, trace in traces.items() for i, f, kv in trace if not self.plain(table, i, f, kv)}
+        )
+        out = Parsed()
         for table, trace in traces.items():
-            _restamp(engine, table, trace, self.stamps)
-        out.extend(engine)
+            rows = mapped.batches.get(table)
+            if rows is not None and trace:
+                out.add(table, self.repeated(table, rows, trace, set(slow)))
+        if slow:
+            out.extend(self.point_by_point(slow, source, host))
         return out
+
+    def plain(self, table: str, i: int, factor: float, kv: bool) -> bool:
+        """Rule 6: every value of series ``i`` is one the mappers store as they stored 0.0."""
+        values = self.series[i][3]
+        low, high = min(values), max(values)
+        if not (low >= 0.0 and math.isfinite(high)) or not all(map(math.isfinite, values)):
+            return False
+        if table == "gpu_samples":
+            return high < BLANK_MIN
+        return not kv or high * factor <= KV_MAX
+
+    def repeated(self, table: str, rows: Any, trace: list[tuple[int, float, bool]], slow: set[int]) -> Batch:
+        """The rows of the first points, each repeated over its series' points with their values."""
+        value_column = VALUE_COLUMN[table]
+        data: dict[str, list[Any]] = {c: [] for c in rows.columns}
+        for r, (i, factor, _) in enumerate(trace):
+            if i in slow:
+                continue
+            _, _, stamps, values = self.series[i]
+            n = len(stamps)
+            for column, out in data.items():
+                if column == "ts_ns":
+                    out.extend(stamps)
+                elif column == value_column:
+                    out.extend(values if factor == 1.0 else map(mul, values, repeat(factor)))
+                else:
+                    out.extend(repeat(rows[column][r], n))
+        return Batch(table, data, len(data["ts_ns"]))
+
+    def point_by_point(self, which: Iterable[int], source: str, host: str) -> Parsed:
+        """The mappers over every point of the series ``which``; each row gets its own time."""
+        samples: list[Sample] = []
+        stamps: list[int] = []
+        for i in which:
+            name, labels, times, values = self.series[i]
+            samples.extend(map(Sample._make, zip(repeat(name), repeat(labels), values, repeat(None))))
+            stamps.extend(times)
+        out, traces = _mapped(samples, source, host)
+        for table, trace in traces.items():
+            _restamp(out, table, trace, stamps)
+        return out
+
+
+def _mapped(
+    samples: list[Sample], source: str, host: str
+) -> tuple[Parsed, dict[str, list[tuple[int, float, bool]]]]:
+    """Both scrape mappers over ``samples``, with each table's trace (row -> sample index)."""
+    exp = Exposition(samples=samples, source=source)
+    traces: dict[str, list[tuple[int, float, bool]]] = {"gpu_samples": []}
+    out = to_gpu_samples(exp, ts_ns=0, host=host, source=source, trace=traces["gpu_samples"])
+    out.extend(to_engine_samples(exp, ts_ns=0, source=source, trace=traces))
+    return out, traces
 
 
 def _restamp(parsed: Parsed, table: str, trace: list[tuple[int, float, bool]], stamps: list[int]) -> None:

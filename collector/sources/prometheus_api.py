@@ -14,19 +14,20 @@ Rules:
 2. Any failure — no connection, a timeout, an HTTP status other than 200, a body that is not
    JSON, ``"status": "error"``, a result that is not a matrix — is one :class:`PrometheusError`
    naming the URL, the query and what was wrong.
-3. Plan: for each selector the series of the range are listed first (``/api/v1/series``) and
-   grouped by metric name; names no scrape mapper stores are not queried
-   (:func:`collector.formats.prom_matrix.maps`). Each remaining name is queried as
-   ``{__name__="NAME", <the selector's matchers>}``; a name two selectors share is queried once
-   per distinct selector (the store keeps one row per key).
-4. Chunks: the range is cut at step-aligned times (multiples of ``step``) into pieces of at most
-   :data:`MAX_POINTS` points per series (Prometheus refuses more than 11,000) and at most
-   ``max_samples`` points per request (series × points), so a request's answer is bounded
-   whatever the range. Pieces go in time order, name by name.
-5. Writes: each piece's rows go to the sink as soon as they are built, engine counters with their
-   per-second rate (:class:`collector.rates.CounterRates`, one per source, as the sidecar does).
-   A failure stops the read with :class:`PrometheusError`; every piece written before it stays,
-   and :class:`Progress` says up to when.
+3. Plan: for each distinct selector the series of the range are listed first
+   (``/api/v1/series``) and counted per metric name; names no scrape mapper stores are not
+   queried (:func:`collector.formats.prom_matrix.maps`). Names are packed into queries
+   ``{__name__=~"a|b|…", <the selector's matchers>}`` (one name: ``__name__="a"``).
+4. Windows: the range is cut at step-aligned times (multiples of ``step``) into windows of at
+   most :data:`MAX_POINTS` points per series (Prometheus refuses more than 11,000) and at most
+   ``max_samples`` points of all series together; inside a window the names are packed so that
+   no request exceeds ``max_samples`` points either. A window's answers, and so a read's
+   memory, are bounded whatever the range; windows go in time order.
+5. Writes: a window's rows go to the sink in one write per table once all its requests have
+   answered (each window is newer than the last, which is the store's cheap case), engine
+   counters with their per-second rate (:class:`collector.rates.CounterRates`, one per source,
+   as the sidecar does). A failure stops the read with :class:`PrometheusError`; every window
+   written before it stays, and :class:`Progress` says up to when (``done_until_ns``).
 6. Refused samples (the mappers' problems) are counted; the first :data:`MAX_ERRORS` of a read
    are written to ``ingest_errors`` with the source ``prometheus <url>``.
 7. Each source seen gets a ``targets`` row (kind ``prometheus``, host from the host label),
@@ -267,45 +268,80 @@ class Piece:
     series: int
 
 
+@dataclass(frozen=True)
+class Window:
+    """Step-aligned ``[start_ns, end_ns]`` and the requests that read every series in it (rule 4)."""
+
+    start_ns: int
+    end_ns: int
+    pieces: tuple[Piece, ...]
+
+
 def align_up(ns: int, step_ns: int) -> int:
     return -(-ns // step_ns) * step_ns
 
 
-def plan(api: PromApi, mapping: Mapping, start_ns: int, end_ns: int) -> list[Piece]:
-    """Rules 3-4: the requests that read ``[start_ns, end_ns]``, in write order."""
+def plan(api: PromApi, mapping: Mapping, start_ns: int, end_ns: int) -> list[Window]:
+    """Rules 3-4: the windows that read ``[start_ns, end_ns]``, in time order."""
     step_ns = _step_ns(mapping)
     first = align_up(start_ns, step_ns)
     if first > end_ns:
         return []
-    pieces: list[Piece] = []
-    seen: set[str] = set()
+    groups = _names(api, mapping, start_ns, end_ns)
+    total = sum(n for names in groups.values() for n in names.values())
+    if not total:
+        return []
+    points = max(1, min(MAX_POINTS, mapping.max_samples // total))
+    windows = []
+    start = first
+    while start <= end_ns:
+        stop = min(start + (points - 1) * step_ns, end_ns)
+        pieces = [
+            Piece(q, start, stop, n)
+            for inner, names in groups.items()
+            for q, n in _pack(inner, names, points, mapping.max_samples)
+        ]
+        windows.append(Window(start, stop, tuple(pieces)))
+        start = stop + step_ns
+    return windows
+
+
+def _names(api: PromApi, mapping: Mapping, start_ns: int, end_ns: int) -> dict[str, dict[str, int]]:
+    """Rule 3: series per metric name the mappers store, per distinct selector (its matchers)."""
+    groups: dict[str, dict[str, int]] = {}
     for selector in mapping.selectors:
-        counts: dict[str, int] = {}
+        inner = matchers(selector)
+        if inner in groups:
+            continue
+        counts = groups[inner] = {}
         for labels in api.series(selector, start_ns, end_ns):
             name = labels.get("__name__", "")
             shown = {k: v for k, v in labels.items() if k not in mapping.drop_labels and k != "__name__"}
             if name and maps(name, shown):
                 counts[name] = counts.get(name, 0) + 1
-        inner = matchers(selector)
-        for name, n in sorted(counts.items()):
-            query = f'{{__name__="{name}",{inner}}}'
-            if query in seen:
-                continue
-            seen.add(query)
-            pieces += _cut(query, n, first, end_ns, step_ns, mapping.max_samples)
-    return pieces
+    return groups
 
 
-def _cut(query: str, series: int, first: int, end_ns: int, step_ns: int, max_samples: int) -> list[Piece]:
-    """Rule 4: ``[first, end_ns]`` in step-aligned pieces of bounded points."""
-    points = max(1, min(MAX_POINTS, max_samples // max(series, 1)))
-    out = []
-    start = first
-    while start <= end_ns:
-        stop = min(start + (points - 1) * step_ns, end_ns)
-        out.append(Piece(query, start, stop, series))
-        start = stop + step_ns
+def _pack(inner: str, names: dict[str, int], points: int, max_samples: int) -> list[tuple[str, int]]:
+    """Rule 4: names packed into queries of at most ``max_samples`` points (series × points)."""
+    out: list[tuple[str, int]] = []
+    batch_names: list[str] = []
+    series = 0
+    for name, n in sorted(names.items()):
+        if batch_names and (series + n) * points > max_samples:
+            out.append((_query(inner, batch_names), series))
+            batch_names, series = [], 0
+        batch_names.append(name)
+        series += n
+    if batch_names:
+        out.append((_query(inner, batch_names), series))
     return out
+
+
+def _query(inner: str, names: list[str]) -> str:
+    """``{__name__="a",...}`` or ``{__name__=~"a|b",...}`` (metric names hold no regex syntax)."""
+    name = f'__name__="{names[0]}"' if len(names) == 1 else f'__name__=~"{"|".join(names)}"'
+    return f"{{{name},{inner}}}"
 
 
 def _step_ns(mapping: Mapping) -> int:
@@ -327,35 +363,41 @@ class Reader:
         self.origin = f"prometheus {api.base}"
 
     def read(self, start_ns: int, end_ns: int, progress: Progress | None = None) -> Progress:
-        """Every piece of ``[start_ns, end_ns]`` written in turn; raises PrometheusError (rule 5)."""
+        """Every window of ``[start_ns, end_ns]`` written in turn; raises PrometheusError (rule 5)."""
         progress = progress or Progress()
-        pieces = plan(self.api, self.mapping, start_ns, end_ns)
-        progress.requests = self.api.requests
-        for piece in pieces:
-            self.read_piece(piece, progress)
-        progress.done_until_ns = max(progress.done_until_ns, end_ns)
-        self.write_targets(progress)
+        try:
+            for window in plan(self.api, self.mapping, start_ns, end_ns):
+                self.read_window(window, progress)
+        finally:
+            progress.requests = self.api.requests
+            self.write_targets(progress)
         return progress
 
-    def read_piece(self, piece: Piece, progress: Progress) -> None:
-        result = self.api.query_range(piece.query, piece.start_ns, piece.end_ns, self.mapping.step_s)
-        progress.requests = self.api.requests
+    def read_window(self, window: Window, progress: Progress) -> None:
+        """Rule 5: every piece of the window, then its rows in one write per table."""
         m = self.mapping
-        parsed = parse_matrix(
-            result,
-            drop_labels=m.drop_labels,
-            source_label=m.source_label,
-            host_label=m.host_label,
-            default_host=m.host,
-            prefix=m.prefix,
-        )
-        for series in result:
-            labels = series.get("metric") or {}
-            source = source_of(labels, m.source_label, m.prefix)
-            progress.sources.setdefault(source, str(labels.get(m.host_label, "")) or m.host)
-        self.write(parsed, progress)
-        progress.pieces += 1
-        progress.series += len(result)
+        rows = Parsed()
+        for piece in window.pieces:
+            result = self.api.query_range(piece.query, piece.start_ns, piece.end_ns, m.step_s)
+            progress.requests = self.api.requests
+            rows.extend(
+                parse_matrix(
+                    result,
+                    drop_labels=m.drop_labels,
+                    source_label=m.source_label,
+                    host_label=m.host_label,
+                    default_host=m.host,
+                    prefix=m.prefix,
+                )
+            )
+            for series in result:
+                labels = series.get("metric") or {}
+                source = source_of(labels, m.source_label, m.prefix)
+                progress.sources.setdefault(source, str(labels.get(m.host_label, "")) or m.host)
+            progress.pieces += 1
+            progress.series += len(result)
+        self.write(rows, progress)
+        progress.done_until_ns = window.end_ns
 
     def write(self, parsed: Parsed, progress: Progress) -> None:
         for table, rows in parsed.batches.items():
