@@ -131,8 +131,17 @@ def serve(tsdb: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     raise SystemExit(f"prometheus did not become ready on its TSDB; see {log}")
 
 
-def one_round(url: str, store: Path, days: float, interval_s: int, end_s: int) -> tuple[float, float, str]:
-    """Measurement: wall seconds and peak RSS (MB) of one ``ioe backfill`` process (its own rusage)."""
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a running process has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_round(
+    url: str, store: Path, days: float, interval_s: int, end_s: int
+) -> tuple[float, float, float, str]:
+    """Measurement: wall seconds, peak RSS (MB) and CPU seconds of one ``ioe backfill`` process
+    (its own rusage)."""
     store.unlink(missing_ok=True)
     out = store.with_suffix(".out")
     t0 = time.perf_counter()
@@ -148,7 +157,7 @@ def one_round(url: str, store: Path, days: float, interval_s: int, end_s: int) -
     text = out.read_text()
     if proc.returncode != 0:
         raise SystemExit(f"ioe backfill failed ({proc.returncode}): {text}")
-    return seconds, usage.ru_maxrss / 1024, text
+    return seconds, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime, text
 
 
 def main() -> None:
@@ -162,32 +171,34 @@ def main() -> None:
     args.cache.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     tsdb, start_s, end_s, points = build_tsdb(args.cache, args.days, args.interval)
-    print(
-        f"TSDB {tsdb}: {points:,} points, {start_s}..{end_s} (built/checked in {time.perf_counter() - t0:.0f} s)"
-    )
+    built = time.perf_counter() - t0
+    print(f"TSDB {tsdb}: {points:,} points, {start_s}..{end_s} (built or checked in {built:.0f} s)")
     prom = serve(tsdb, args.port, args.cache / "prometheus.log")
-    times, peaks = [], []
+    url = f"http://127.0.0.1:{args.port}"
+    times, peaks, cpus, prom_cpus = [], [], [], []
     try:
         for r in range(args.rounds):
-            seconds, peak_mb, out = one_round(
-                f"http://127.0.0.1:{args.port}",
-                args.cache / "backfill.duckdb",
-                args.days,
-                args.interval,
-                end_s,
+            prom_before = cpu_s(prom.pid)
+            seconds, peak_mb, cpu, out = one_round(
+                url, args.cache / "backfill.duckdb", args.days, args.interval, end_s
             )
+            prom_cpus.append(cpu_s(prom.pid) - prom_before)
             times.append(seconds)
             peaks.append(peak_mb)
-            rows = [line.strip() for line in out.splitlines() if "rows" in line]
-            print(f"round {r + 1}: {seconds:.1f} s, peak RSS {peak_mb:.0f} MB; {'; '.join(rows)}", flush=True)
+            cpus.append(cpu)
+            rows = "; ".join(" ".join(line.split()) for line in out.splitlines() if "rows" in line)
+            load = os.getloadavg()[0]
+            print(f"round {r + 1}: {seconds:.1f} s wall, {cpu:.1f} CPU s (Prometheus {prom_cpus[-1]:.1f}), "
+                  f"peak RSS {peak_mb:.0f} MB, load average {load:.1f}; {rows}", flush=True)  # fmt: skip
     finally:
         prom.terminate()
         prom.wait(60)
-    load = os.getloadavg()[0]
+    median = statistics.median(times)
     print(
-        f"median {statistics.median(times):.1f} s (range {min(times):.1f}-{max(times):.1f}), "
-        f"peak RSS {max(peaks):.0f} MB, {points / statistics.median(times):,.0f} points/s; "
-        f"{args.days:g} days × {args.interval} s step; load average {load:.1f}"
+        f"median {median:.1f} s (range {min(times):.1f}-{max(times):.1f}), "
+        f"CPU {statistics.median(cpus):.1f} s "
+        f"(Prometheus {statistics.median(prom_cpus):.1f} s), peak RSS {max(peaks):.0f} MB, "
+        f"{points / median:,.0f} points/s; {args.days:g} days x {args.interval} s step"
     )
 
 
