@@ -174,12 +174,14 @@ def _report(path: Path, end_ns: int) -> dict[str, dict[str, Any]]:
     return {d["deployment"]["name"]: d for d in report["deployments"]}
 
 
-def _gpu_stats(path: Path, start_ns: int, end_ns: int) -> dict[tuple[str, int, str], tuple[int, float]]:
-    sql = """SELECT host, gpu, metric, count(*), avg(value) FROM gpu_samples
+def _gpu_stats(
+    path: Path, start_ns: int, end_ns: int
+) -> dict[tuple[str, int, str], tuple[int, float, float]]:
+    sql = """SELECT host, gpu, metric, count(*), avg(value), coalesce(stddev_pop(value), 0) FROM gpu_samples
              WHERE ts_ns > ? AND ts_ns <= ? GROUP BY ALL"""
     with Store(path, read_only=True) as st, st.cursor() as cur:
         rows = cur.execute(sql, [start_ns, end_ns]).fetchall()
-    return {(h, g, m): (int(n), float(v)) for h, g, m, n, v in rows}
+    return {(h, g, m): (int(n), float(v), float(sd)) for h, g, m, n, v, sd in rows}
 
 
 def test_backfill_command_reads_every_simulated_target(runs: Runs) -> None:
@@ -207,14 +209,16 @@ def test_zone_verdicts_equal_direct_scraping(runs: Runs, mode: str) -> None:
 @pytest.mark.parametrize("mode", ["backfill", "follow"])
 def test_gpu_samples_match_direct_scraping(runs: Runs, mode: str) -> None:
     """Each GPU series has about one sample a second both ways (Prometheus' step is its scrape
-    interval), and its mean over the window agrees: the simulator's values change once a second,
-    so the two samplers see the same values up to one sample's shift at the window's edges."""
+    interval), and its mean over the window agrees. The two samplers read one signal at different
+    instants (the sidecar at its scrape, Prometheus at its own, then the step picks the latest), so
+    the means of a varying series differ by sampling noise, about std·sqrt(2/n) ≈ 0.2 std for
+    n ≈ 50: the bound is 5 % of the mean or half a standard deviation, whichever is larger."""
     end_ns = min(_newest(p) for p in runs.stores.values()) - 2 * NS
     start_ns = end_ns - int(WINDOW_S * NS)
     direct = _gpu_stats(runs.stores["scrape"], start_ns, end_ns)
     got = _gpu_stats(runs.stores[mode], start_ns, end_ns)
     assert set(direct) == set(got) and len(direct) >= 10 * 20  # 10 GPUs, 24 fields each
-    for key, (n, mean) in direct.items():
-        m, other = got[key]
+    for key, (n, mean, sd) in direct.items():
+        m, other, _ = got[key]
         assert abs(m - n) <= 0.1 * n + 2, (key, n, m)
-        assert other == pytest.approx(mean, rel=0.05, abs=0.02), (key, mean, other)
+        assert abs(other - mean) <= max(0.05 * abs(mean), 0.5 * sd, 0.02), (key, mean, sd, other)
