@@ -208,17 +208,22 @@ def test_zone_verdicts_equal_direct_scraping(runs: Runs, mode: str) -> None:
 
 @pytest.mark.parametrize("mode", ["backfill", "follow"])
 def test_gpu_samples_match_direct_scraping(runs: Runs, mode: str) -> None:
-    """Each GPU series has about one sample a second both ways (Prometheus' step is its scrape
-    interval), and its mean over the window agrees. The two samplers read one signal at different
-    instants (the sidecar at its scrape, Prometheus at its own, then the step picks the latest), so
-    the means of a varying series differ by sampling noise, about std·sqrt(2/n) ≈ 0.2 std for
-    n ≈ 50: the bound is 5 % of the mean or half a standard deviation, whichever is larger."""
+    """Each GPU series has one point a second from Prometheus (its step is the scrape interval)
+    and about one a second from the direct scrape, and its mean over the window agrees. The two
+    samplers read one signal at different instants (the sidecar at its scrape, Prometheus at its
+    own, then the step takes the latest), so the means of a varying series differ by sampling
+    noise, about std·sqrt(2/n) ≈ 0.2 std for n ≈ 50: the bound is 5 % of the mean or half a
+    standard deviation, whichever is larger."""
     end_ns = min(_newest(p) for p in runs.stores.values()) - 2 * NS
     start_ns = end_ns - int(WINDOW_S * NS)
     direct = _gpu_stats(runs.stores["scrape"], start_ns, end_ns)
     got = _gpu_stats(runs.stores[mode], start_ns, end_ns)
     assert set(direct) == set(got) and len(direct) >= 10 * 20  # 10 GPUs, 24 fields each
+    steps = int(WINDOW_S)  # one point per 1 s step from Prometheus, whatever the load
     for key, (n, mean, sd) in direct.items():
         m, other, _ = got[key]
-        assert abs(m - n) <= 0.1 * n + 2, (key, n, m)
+        assert steps - 2 <= m <= steps + 1, (key, m)
+        # the in-process scraper misses scrapes when this shared 2-core machine is loaded (42 of 50 seen
+        # at load average 20); Prometheus' step then still holds the latest value
+        assert abs(m - n) <= 0.25 * n + 2, (key, n, m)
         assert abs(other - mean) <= max(0.05 * abs(mean), 0.5 * sd, 0.02), (key, mean, sd, other)
