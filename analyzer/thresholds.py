@@ -71,6 +71,12 @@ class Thresholds(BaseModel):
         le=1,
         description="weight of the change-with-load checks in the network score (level checks: the rest)",
     )
+    net_link_busy_min_ratio: float = Field(
+        default=0.7,
+        ge=0,
+        le=1,
+        description="IB/RoCE port transmit bytes/s ÷ link rate at or above (a busy link)",
+    )
     pd_wait_share_min_ratio: float = Field(
         default=0.5, ge=0, le=1, description="P/D: waiting share of TTFT at or above (KV-transfer wait)"
     )

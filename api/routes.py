@@ -203,7 +203,7 @@ def envelope_of(app: Any, dep: Any, s: Span) -> dict[str, Any]:
 def analysis_settings(app: Any) -> Any:
     """The app's analysis settings (the config's ``analysis:`` block), the same object the CLI uses."""
     settings = getattr(app.state, "settings", None)
-    return getattr(settings, "analysis", None)
+    return settings.thresholds() if settings is not None and hasattr(settings, "thresholds") else None
 
 
 def stragglers_of(app: Any, dep: Any, s: Span, slice_s: float) -> dict[str, Any]:
