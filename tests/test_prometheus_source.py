@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import ssl
 import subprocess
+import sys
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DATA, require_component
+from conftest import DATA, ROOT, require_component
 
 from collector.formats.exposition import parse
 from collector.formats.prom_matrix import parse_matrix
@@ -430,3 +432,61 @@ def test_tls_is_verified_by_default_and_against_a_ca_file(
 def test_bad_source_settings_name_the_field(entry: dict[str, Any], field: str) -> None:
     with pytest.raises(SettingsError, match=field.replace(".", r"\.")):
         load_settings(args={"prometheus_sources": [entry]}, environ={})
+
+
+# -- the command: one line and an exit code ----------------------------------------------------------------
+
+
+def _ioe(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "ioe", *args], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "said"),
+    [
+        (
+            ["--prometheus", "http://127.0.0.1:9", "--since", "1x"],
+            2,
+            "--since '1x': expected a positive number",
+        ),
+        (
+            ["--prometheus", "http://127.0.0.1:9", "--selector", '{job="a"'],
+            2,
+            "invalid source setting selectors",
+        ),
+        (
+            ["--prometheus", "http://127.0.0.1:9", "--header", "nocolon"],
+            2,
+            "--header 'nocolon': expected NAME:VALUE",
+        ),
+        ([], 2, "give --prometheus URL, or a --config with prometheus_sources"),
+        (["--prometheus", "http://127.0.0.1:9"], 1, "http://127.0.0.1:9/api/v1/series"),
+    ],
+)
+def test_backfill_command_errors_are_one_line(tmp_path: Path, args: list[str], code: int, said: str) -> None:
+    done = _ioe("backfill", "--store", str(tmp_path / "s.duckdb"), *args)
+    assert done.returncode == code and said in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_backfill_command_reads_a_config_and_writes_its_deployments(
+    tmp_path: Path, stand_in: Callable[..., StandIn]
+) -> None:
+    server = stand_in(_prometheus({"DCGM_FI_DEV_GPU_UTIL": [(UTIL, [(T0_S, "7")])]}))
+    config = tmp_path / "ioe.yaml"
+    source = {"name": "p", "url": server.url, "selectors": ['{job="dcgm"}'], "step_s": 1}
+    deployment = {"name": "d", "model": "llama-3.1-8b", "nodes": ["n0"]}
+    config.write_text(
+        json.dumps({"prometheus_sources": [source], "deployments": [deployment]})
+    )  # JSON is YAML
+    store = tmp_path / "s.duckdb"
+    done = _ioe(
+        "backfill", "--config", str(config), "--store", str(store), "--until", str(T0_S), "--since", "10s"
+    )
+    assert done.returncode == 0, done.stderr
+    with Store(store, read_only=True) as st, st.cursor() as cur:
+        assert cur.execute("SELECT value FROM gpu_samples").fetchall() == [(0.07,)]
+        assert cur.execute("SELECT name FROM deployments").fetchall() == [("d",)]
