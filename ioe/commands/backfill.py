@@ -10,7 +10,10 @@ Rules:
      entry's fields (selectors, step, auth, TLS).
   2. ``--config``'s ``deployments`` are written to the store first, so the analyzer judges the
      backfilled rows under the declared layouts, as it would the sidecar's.
-  3. A bad option or setting is one line and exit 2. A Prometheus that fails mid-way is one line
+  3. The store's DuckDB buffer pool is capped (:data:`MEMORY_LIMIT`, or ``store_memory_limit``), so
+     memory stays bounded however long the range: the reads are bounded by windows
+     (prometheus_api rule 4) and the written rows are not kept cached.
+  4. A bad option or setting is one line and exit 2. A Prometheus that fails mid-way is one line
      naming the URL, the query and what was wrong, and exit 1; the rows written before stay
      (the summary says how many), and running the command again adds only what is missing.
 """
@@ -30,6 +33,10 @@ from ioe.commands._common import fail, settings_or_exit
 
 COMMAND = "ioe backfill"
 NS = 1_000_000_000
+# DuckDB's buffer pool for the store being filled (``store_memory_limit`` overrides it). With DuckDB's
+# default (80 % of RAM) the written blocks stay cached: 7 days of an 8-GPU node peaked at 461 MB
+# resident (bench/results/promsrc.md); the rows go to disk either way.
+MEMORY_LIMIT = "128MB"
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -143,7 +150,7 @@ def _specs(settings: Any, url: str | None, given: dict[str, Any]) -> list[Any]:
 
 
 def _run(store: Path, settings: Any, specs: list[Any], start_ns: int, end_ns: int) -> dict[str, Any]:
-    """Rules 2-3: deployments, then each source in turn; a failure ends the run, rows kept."""
+    """Rules 2-4: deployments, then each source in turn; a failure ends the run, rows kept."""
     from collector.sidecar import deployments_frame
     from collector.sources.prometheus_api import Progress, PromApi, PrometheusError, backfill, from_spec
     from collector.store import Store, StoreError
@@ -153,7 +160,7 @@ def _run(store: Path, settings: Any, specs: list[Any], start_ns: int, end_ns: in
     out: dict[str, Any] = {"store": str(store), "start_ns": start_ns, "end_ns": end_ns, "sources": []}
     out["error"] = ""
     try:
-        st = Store(store)
+        st = Store(store, memory_limit=settings.store_memory_limit or MEMORY_LIMIT)
     except Exception as exc:
         fail(f"{COMMAND}: {store_problem(store, exc)}")
     with st:
