@@ -352,7 +352,7 @@ def _step_ns(mapping: Mapping) -> int:
 
 
 class Reader:
-    """Reads pieces into a sink (rules 5-7); one per source of a backfill or a follower."""
+    """Reads windows into a sink (rules 5-7); one per backfill or follower."""
 
     def __init__(
         self, api: PromApi, mapping: Mapping, sink: Sink, *, clock: Callable[[], int] = time.time_ns
