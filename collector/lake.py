@@ -63,11 +63,12 @@ from collector.records import REPLACE_TABLES, TABLES, Table
 from collector.store import MIGRATIONS, NS_PER_MIN, SCHEMA_VERSION, Retention, RowCounts, Store, StoreError
 
 if TYPE_CHECKING:
-    from ioe.settings import Settings
+    from ioeconf.settings import Settings
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+MAX_ABANDONED = 16  # broken lake connections set aside unclosed (LakeStore._drop_connection)
 LAKE = "lake"
 # Extension wheel module -> the name DuckDB expects (its entry point is <name>_duckdb_cpp_init).
 _EXTENSIONS = {"duckdb_extension_ducklake": "ducklake", "duckdb_extension_postgres": "postgres_scanner"}
@@ -155,6 +156,44 @@ def connect_lake(cfg: LakeConfig) -> duckdb.DuckDBPyConnection:
     return con
 
 
+def open_lake_readonly(catalog_dsn: str, data_path: str = "") -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with the lake attached read-only as ``lake`` (``USE`` done), then
+    closed to everything else, for ``ioe query`` and ``ioe analyze``.
+
+    1. ``READ_ONLY``: no statement can change the lake (DuckDB refuses INSERT, DELETE, CREATE …).
+    2. After the attach, external access is switched off and the configuration locked, as for an
+       embedded store (:func:`collector.readonly.open_readonly`): no file, URL or glob reads, no
+       further ``ATTACH``, ``COPY``, ``INSTALL`` or ``LOAD``, except under the lake's data path
+       (``allowed_directories``), which DuckDB must read to answer. The catalog connection itself
+       stays reachable through the postgres extension's table functions (``postgres_query``), so
+       statements run here must also be checked (``ioe query`` uses :func:`api.query.run_query`,
+       which allows only the store's tables and generator functions).
+    3. ``data_path`` may be empty: the lake's catalog records where its data is, and that is used.
+    Raises :class:`LakeError` naming the catalog when it cannot be attached.
+    """
+    ext = extension_dir()
+    con = duckdb.connect(config={"autoload_known_extensions": False, "autoinstall_known_extensions": False})
+    try:
+        for name in _EXTENSIONS.values():
+            con.execute(f"LOAD '{ext / (name + '.duckdb_extension')}'")
+        dsn = catalog_dsn.replace("'", "''")
+        data = f"DATA_PATH '{data_path.replace(chr(39), chr(39) * 2)}', " if data_path else ""
+        con.execute(f"ATTACH 'ducklake:postgres:{dsn}' AS {LAKE} ({data}READ_ONLY)")
+        con.execute(f"USE {LAKE}")
+        where = con.execute(
+            f"SELECT value FROM __ducklake_metadata_{LAKE}.ducklake_metadata WHERE key = 'data_path'"
+        ).fetchone()
+        allowed = [p for p in {data_path, where[0] if where else ""} if p]
+        con.execute("SET allowed_directories = ?", [allowed])
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except duckdb.Error as exc:
+        con.close()
+        why = " ".join(str(exc).split())
+        raise LakeError(f"lake {catalog_dsn!r}: cannot attach it read-only ({why})") from exc
+    return con
+
+
 def lake_ddl(table: Table) -> str:
     """``CREATE TABLE`` for the lake: the store's columns and NOT NULL keys, no PRIMARY KEY."""
     cols = ", ".join(f"{c} {t}{' NOT NULL' if c in table.key else ''}" for c, t in table.columns)
@@ -177,6 +216,7 @@ class LakeStore(RowCounts):
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()
         self._con: duckdb.DuckDBPyConnection | None = None
+        self._abandoned: list[duckdb.DuckDBPyConnection] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         try:
@@ -194,13 +234,23 @@ class LakeStore(RowCounts):
             self._con = connect_lake(self.cfg)
         return self._con
 
-    def _drop_connection(self) -> None:
-        if self._con is not None:
+    def _drop_connection(self, *, broken: bool = False) -> None:
+        """Forget the connection. A broken one (its statement failed, e.g. the Postgres catalog
+        went away) is set aside unclosed: closing a DuckLake connection whose catalog
+        connection died aborted the whole process under DuckDB 1.5.5 (seen in
+        tests/test_lake_fleet.py's catalog-outage test, while the catalog was down). At most
+        :data:`MAX_ABANDONED` are kept, closed at :meth:`close`; a healthy one is closed at once."""
+        if self._con is None:
+            return
+        if broken:
+            self._abandoned.append(self._con)
+            del self._abandoned[:-MAX_ABANDONED]
+        else:
             try:
                 self._con.close()
             except duckdb.Error:
-                log.debug("closing a broken lake connection failed", exc_info=True)
-            self._con = None
+                log.debug("closing the lake connection failed", exc_info=True)
+        self._con = None
 
     def _retry(self, what: str, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
         """Run ``fn`` in a transaction; retried ``max_retries`` times with back-off (rule 4)."""
@@ -214,7 +264,7 @@ class LakeStore(RowCounts):
                 except duckdb.Error as exc:
                     log.warning("lake %s failed (attempt %d/%d): %s", what, attempt, attempts, exc)
                     if not isinstance(exc, duckdb.TransactionException):
-                        self._drop_connection()
+                        self._drop_connection(broken=True)
                     last: duckdb.Error = exc
             if attempt < attempts:
                 time.sleep(self.cfg.retry_wait_s * 2 ** (attempt - 1))
@@ -353,6 +403,12 @@ class LakeStore(RowCounts):
         self._flush_logged()
         with self._lock:
             self._drop_connection()
+            for con in self._abandoned:  # the catalog is back or gone for good: close them now
+                try:
+                    con.close()
+                except duckdb.Error:
+                    log.debug("closing a broken lake connection failed", exc_info=True)
+            self._abandoned.clear()
         self.spool.close()
 
     def __enter__(self) -> LakeStore:

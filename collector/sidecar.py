@@ -43,7 +43,7 @@ from collector.sink import Overloaded
 from collector.sources.http_client import HttpClient
 from collector.sources.http_scraper import Health, ScrapeError, fetch, next_delay
 from collector.writer import QueueSink
-from ioe.settings import DeploymentSpec, PrometheusSourceSpec, Settings, TargetSpec
+from ioeconf.settings import DeploymentSpec, PrometheusSourceSpec, Settings, TargetSpec
 
 log = logging.getLogger(__name__)
 

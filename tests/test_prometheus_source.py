@@ -39,7 +39,7 @@ from collector.sources.prometheus_api import (
     plan,
 )
 from collector.store import Store
-from ioe.settings import SettingsError, load_settings
+from ioeconf.settings import SettingsError, load_settings
 
 T0_S = 1_760_000_000  # a fixed evaluation time (2025-10-09)
 NS = 1_000_000_000

@@ -43,7 +43,7 @@ from analyzer.report import build_report
 from analyzer.thresholds import Thresholds
 from collector.agent import Agent
 from collector.store import Store
-from ioe.settings import Settings
+from ioeconf.settings import Settings
 from simulate.node import Simulation
 from simulate.spec import demo_deployments
 

@@ -57,9 +57,10 @@ from collector.formats.prom_matrix import DROP_LABELS, maps, parse_matrix, sourc
 from collector.rates import CounterRates
 from collector.records import batch
 from collector.sink import Sink
+from ioeconf.promql import DEFAULT_SELECTORS, matchers
 
 if TYPE_CHECKING:
-    from ioe.settings import PrometheusSourceSpec
+    from ioeconf.settings import PrometheusSourceSpec
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,6 @@ MAX_POINTS = 10_000  # per series per request; Prometheus refuses a range of mor
 MAX_SAMPLES = 250_000  # per request: bounds one answer's JSON (~8 MB) and its objects
 MAX_ERRORS = 100
 NS = 1_000_000_000
-DEFAULT_SELECTORS = (
-    '{__name__=~"DCGM_FI_.+|DCGM_EXP_.+"}',
-    '{__name__=~"(vllm|ray_vllm|sglang|trtllm|dynamo|nim|tgi)[:_].+|nv_inference_.+|nv_trt_llm_.+|nv_gpu_.+"}',
-)
 
 
 class PrometheusError(RuntimeError):
@@ -117,25 +114,6 @@ class Progress:
     problems: int = 0
     done_until_ns: int = 0
     sources: dict[str, str] = field(default_factory=dict)  # source -> host (rule 7)
-
-
-def matchers(selector: str) -> str:
-    """The matchers of a selector (``name{a="b"}``, ``{a="b"}`` or ``name``) as ``a="b"`` text;
-    raises ValueError quoting it when it is none of these."""
-    text = selector.strip()
-    name, brace, rest = text.partition("{")
-    name = name.strip()
-    if name and not (name.isascii() and name.replace(":", "_").isidentifier()):
-        raise ValueError(f"selector {selector!r}: {name!r} is not a metric name")
-    inner = ""
-    if brace:
-        if not rest.rstrip().endswith("}"):
-            raise ValueError(f"selector {selector!r}: expected name{{matchers}} or {{matchers}}")
-        inner = rest.rstrip()[:-1].strip().rstrip(",")
-    if not name and not inner:
-        raise ValueError(f"selector {selector!r}: empty")
-    parts = [f'__name__="{name}"'] if name else []
-    return ",".join(parts + ([inner] if inner else []))
 
 
 class PromApi:

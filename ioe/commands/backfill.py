@@ -133,7 +133,7 @@ def _specs(settings: Any, url: str | None, given: dict[str, Any]) -> list[Any]:
     """Rule 1: the sources to read, validated like every setting."""
     from pydantic import ValidationError
 
-    from ioe.settings import PrometheusSourceSpec
+    from ioeconf.settings import PrometheusSourceSpec
 
     if url:
         bases = [{"url": url}]
