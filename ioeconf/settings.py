@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ioeconf.promql import DEFAULT_SELECTORS, matchers
+
 if TYPE_CHECKING:
     from ioeconf.thresholds import Thresholds
 
@@ -43,6 +45,50 @@ class TargetSpec(_Model):
     timeout_s: float = Field(default=2.0, gt=0, le=600)
     host: str = ""
     max_body_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+
+
+class PrometheusSourceSpec(_Model):
+    """A Prometheus, Thanos or Mimir HTTP API read as a source (collector.sources.prometheus_api).
+
+    ``follow: true`` makes the sidecar poll the newest range every ``interval_s``; ``ioe
+    backfill`` reads a past range with the same settings."""
+
+    name: str = Field(default="prometheus", min_length=1)
+    url: str = Field(pattern=r"^https?://")
+    selectors: list[str] = Field(default_factory=lambda: list(DEFAULT_SELECTORS), min_length=1)
+    step_s: float = Field(default=15.0, ge=0.001, le=86400)
+    follow: bool = False
+    interval_s: float = Field(default=30.0, gt=0, le=86400)
+    since_s: float = Field(default=300.0, ge=0)  # how far back the first poll of follow mode reads
+    lag_s: float | None = Field(default=None, ge=0)  # default: one step
+    timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    bearer_token: str = ""
+    bearer_token_file: str = ""
+    basic_user: str = ""
+    basic_password: str = ""
+    basic_password_file: str = ""
+    ca_file: str = ""
+    tls_verify: bool = True
+    headers: dict[str, str] = Field(default_factory=dict)  # e.g. {"X-Scope-OrgID": "tenant"} for Mimir
+    drop_labels: list[str] = Field(default_factory=lambda: ["job", "instance"])
+    source_label: str = Field(default="instance", min_length=1)
+    host_label: str = "host"
+    host: str = ""
+    max_samples: int = Field(default=250_000, ge=1000)
+
+    @field_validator("selectors")
+    @classmethod
+    def _selectors_parse(cls, v: list[str]) -> list[str]:
+        for selector in v:
+            matchers(selector)  # ValueError quoting the selector
+        return v
+
+    @field_validator("ca_file", "bearer_token_file", "basic_password_file")
+    @classmethod
+    def _file_exists(cls, v: str) -> str:
+        if v and not Path(v).is_file():
+            raise ValueError(f"no such file: {v}")
+        return v
 
 
 class DeploymentSpec(_Model):
@@ -97,6 +143,8 @@ class Settings(_Model):
     api_enabled: bool = True
     host: str = Field(default_factory=lambda: os.uname().nodename)
     targets: list[TargetSpec] = Field(default_factory=list)
+    # Prometheus-compatible APIs read as sources; those with follow: true are polled by the sidecar
+    prometheus_sources: list[PrometheusSourceSpec] = Field(default_factory=list)
     deployments: list[DeploymentSpec] = Field(default_factory=list)
     readers: NodeReaders = Field(default_factory=NodeReaders)
     otlp: OtlpSettings = Field(default_factory=OtlpSettings)
@@ -159,6 +207,15 @@ class Settings(_Model):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"target names must be unique, repeated: {dup}")
+        return v
+
+    @field_validator("prometheus_sources")
+    @classmethod
+    def _unique_prometheus(cls, v: list[PrometheusSourceSpec]) -> list[PrometheusSourceSpec]:
+        names = [p.name for p in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"prometheus_sources names must be unique, repeated: {dup}")
         return v
 
     def exposure_problem(self) -> str | None:
