@@ -10,6 +10,7 @@ tests/test_cli_startup.py checks this table against the commands the modules reg
 from __future__ import annotations
 
 COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("backfill", "backfill", "Read series of a past range from Prometheus/Thanos/Mimir into the store."),
     (
         "demo",
         "demo",
