@@ -42,7 +42,15 @@ The rule (``th`` = the Thresholds in force; every number below is a field there)
     less than ``net_min_load_spread_ratio``. Slopes are Theil-Sen (median of pairwise slopes), so
     one outlier bin cannot make or break them. busbw/capability, ITL p99/p50 and measured/expected
     ITL are ``info``: latency-bound small messages always sit far below link peak, a saturated
-    link sits near it, and chunked prefill alone widens p99/p50.
+    link sits near it, and chunked prefill alone widens p99/p50. IB/RoCE port counters of the
+    deployment's hosts count for network only when they show pressure — the busiest port's transmit
+    bytes/s ≥ ``net_link_busy_min_ratio`` of its link rate, or discards — and are ``info`` otherwise
+    (an idle port says nothing against a latency-bound collective); xmit-wait ticks are ``info``
+    (the tick period is the HCA's). For P/D without spans, the engine's NIXL transfer time stands
+    in for the spans' KV-transfer time.
+ 6b. The engine's own work estimate (vLLM's MFU counters: FLOPs and bytes per GPU) is reported
+    as ``info`` beside compute and HBM: achieved FLOP/s ÷ dense BF16 peak and bytes/s ÷ HBM
+    bandwidth, a measured roofline where DCGM profiling fields are absent.
  7. A zone's score = (passes + ½ nears) / judged checks (``n/a`` excluded), and for network
     (1 − ``net_change_weight``) × level score + ``net_change_weight`` × change score when change
     checks were judged. A zone with fewer than ``zone_min_checks`` judged checks has no score.
@@ -75,7 +83,7 @@ import polars as pl
 from analyzer.critical_path import CriticalPath, critical_path
 from analyzer.crossover import collective_evidence, load_bins, network_signals
 from analyzer.deployments import ENGINE_KEY_SQL, Deployment
-from analyzer.latency import NS, counter_increases, window_means, window_quantiles
+from analyzer.latency import HISTOGRAMS, NS, counter_increases, window_means, window_quantiles
 from analyzer.thresholds import Thresholds
 
 ZONES = ("compute", "hbm_bandwidth", "kv_capacity", "network")
@@ -150,7 +158,10 @@ class Signals:
     missing: list[str] = field(default_factory=list)
     path: CriticalPath = field(default_factory=CriticalPath)
     judged_from_ns: int | None = None  # rule 1's high-load start on a ramp
-    kv_transfer_share: float | None = None  # P/D: KV-transfer share of TTFT from spans
+    kv_transfer_share: float | None = None  # P/D: KV-transfer share of TTFT (spans, else NIXL)
+    kv_transfer_source: str = ""
+    fabric: dict[str, float] = field(default_factory=dict)  # IB/RoCE ports of the deployment's hosts
+    roofline: dict[str, float] = field(default_factory=dict)  # engine-estimated FLOP/s, bytes/s per GPU
     ttft_slo_s: float | None = None
 
 
@@ -175,13 +186,23 @@ def gather(
     sig.engine = _engine_window(con, keys, from_ns, end_ns, th)
     wq = window_quantiles(con, start_ns, end_ns, keys=keys, lookback_s=th.counter_lookback_s)
     sig.quantiles = {c: {q: x.value_s for q, x in d.items()} for c, d in wq.items()}
-    sig.means = window_means(con, from_ns, end_ns, keys=keys, lookback_s=th.counter_lookback_s)
+    sig.means = window_means(
+        con, from_ns, end_ns, keys=keys, concepts=(*HISTOGRAMS, "kv_transfer_seconds"),
+        lookback_s=th.counter_lookback_s,
+    )  # fmt: skip
     sig.collectives, sig.collectives_source = collective_evidence(
         con, dep, start_ns, end_ns, network_evidence
     )
     sig.path = critical_path(con, dep, start_ns, end_ns)
     if sig.path.kv_transfer_crosses_nodes:
         sig.kv_transfer_share = _kv_transfer_share(con, dep, start_ns, end_ns)
+        sig.kv_transfer_source = "request spans: mean KV-transfer time ÷ mean TTFT"
+        nixl, ttft = sig.means.get("kv_transfer_seconds"), sig.means.get("ttft_seconds")
+        if sig.kv_transfer_share is None and nixl is not None and ttft:
+            sig.kv_transfer_share = min(nixl / ttft, 1.0)
+            sig.kv_transfer_source = "engine NIXL transfer time (mean per transfer) ÷ mean TTFT"
+    sig.fabric = _fabric_means(con, dep, from_ns, end_ns)
+    sig.roofline = _roofline(con, dep, keys, from_ns, end_ns, th)
     sig.expected = _expected(dep, sig, expected_latency)
     sig.missing = _missing(sig, dep, network_evidence, expected_latency)
     return sig
@@ -214,6 +235,77 @@ def _kv_transfer_share(
         return request_phases(con, dep, start_ns, end_ns).kv_transfer_share_of_ttft
     except (duckdb.Error, KeyError, ValueError):
         return None
+
+
+def _fabric_means(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int
+) -> dict[str, float]:
+    """Rule 6's port counters over the deployment's hosts: the busiest port's transmit
+    utilisation (bytes/s ÷ link rate), and the worst port's xmit-wait ticks/s and discards/s."""
+    if not dep.nodes:
+        return {}
+    try:
+        rows = con.execute(
+            """SELECT host, device, port,
+                      avg(rate_per_s) FILTER (WHERE metric = 'tx_bytes') AS tx,
+                      max(value) FILTER (WHERE metric = 'link_rate_bytes_per_s') AS link,
+                      avg(rate_per_s) FILTER (WHERE metric = 'tx_wait') AS wait,
+                      avg(rate_per_s) FILTER (WHERE metric = 'tx_discards') AS discards
+               FROM fabric_samples WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, host)
+               GROUP BY ALL""",
+            [start_ns, end_ns, list(dep.nodes)],
+        ).fetchall()
+    except duckdb.CatalogException:
+        return {}
+    if not rows:
+        return {}
+    util = [tx / link for _, _, _, tx, link, _, _ in rows if tx is not None and link]
+    out = {"ports": float(len(rows))}
+    if util:
+        out["tx_utilization_max"] = max(util)
+    waits = [w for *_, w, _ in rows if w is not None]
+    if waits:
+        out["xmit_wait_per_s_max"] = max(waits)
+    drops = [d for *_, d in rows if d is not None]
+    if drops:
+        out["discards_per_s_max"] = max(drops)
+    return out
+
+
+def _roofline(
+    con: duckdb.DuckDBPyConnection,
+    dep: Deployment,
+    keys: list[str],
+    start_ns: int,
+    end_ns: int,
+    th: Thresholds,
+) -> dict[str, float]:
+    """The engine's own estimate of work per GPU (vLLM's MFU counters: estimated FLOPs and bytes
+    read/written per GPU) as rates and as fractions of the GPU's dense BF16 peak and HBM bandwidth."""
+    names = ["estimated_flops_total", "estimated_read_bytes_total", "estimated_write_bytes_total"]
+    inc = counter_increases(con, start_ns, end_ns, names, keys=keys, lookback_s=th.counter_lookback_s)
+    got = dict(zip(inc["concept"].to_list(), inc["increase"].to_list(), strict=True))
+    if not got.get("estimated_flops_total"):
+        return {}
+    seconds = max((end_ns - start_ns) / NS, 1e-9)
+    engines = max(len(keys), 1)  # each engine's counters are per GPU already
+    out = {
+        "flops_per_s": float(got["estimated_flops_total"]) / seconds / engines,
+        "bytes_per_s": float(
+            got.get("estimated_read_bytes_total", 0.0) + got.get("estimated_write_bytes_total", 0.0)
+        )
+        / seconds
+        / engines,
+    }
+    from analyzer import catalog
+
+    try:
+        g = catalog.gpu(dep.gpu_type or "h100_sxm")
+        out["flops_ratio"] = out["flops_per_s"] / g.peak_flops("bf16")
+        out["hbm_ratio"] = out["bytes_per_s"] / g.hbm_bytes_per_s
+    except (KeyError, ValueError):
+        pass
+    return out
 
 
 def _gpu_means(
@@ -383,6 +475,7 @@ def classify(sig: Signals, th: Thresholds, deployment: str, start_ns: int, end_n
     _hbm_checks(c, sig)
     _kv_checks(c, sig)
     _network_checks(c, sig)
+    _roofline_info(c, sig)
     _latency_info(c, sig)
     scores = {z: c.score(z) for z in ZONES}
     pick = _pick(scores, c, sig, th)
@@ -559,6 +652,43 @@ def _compute_checks(c: _Checks, sig: Signals) -> None:
     )
 
 
+def _roofline_info(c: _Checks, sig: Signals) -> None:
+    """Rule 6b."""
+    r = sig.roofline
+    if "flops_ratio" in r:
+        c.info("compute", "engine_flops_over_peak", r["flops_ratio"], "ratio",
+               "engine estimated_flops_per_gpu rate ÷ dense BF16 peak",
+               note="measured roofline (rule 6b)")  # fmt: skip
+    if "hbm_ratio" in r:
+        c.info("hbm_bandwidth", "engine_bytes_over_hbm_peak", r["hbm_ratio"], "ratio",
+               "engine estimated read+write bytes per GPU rate ÷ HBM bandwidth",
+               note="measured roofline (rule 6b)")  # fmt: skip
+
+
+def _fabric_evidence(c: _Checks, sig: Signals, judged: bool) -> None:
+    """Rule 6's IB/RoCE port counters: a check only when they show pressure, else info."""
+    th, fab = c.th, sig.fabric
+    if not fab:
+        return
+    src = f"IB/RoCE port counters of the deployment's hosts ({fab['ports']:.0f} ports)"
+    util, drops = fab.get("tx_utilization_max"), fab.get("discards_per_s_max")
+    if judged and util is not None and util >= th.net_link_busy_min_ratio:
+        c.check("network", "ib_tx_utilization", util, "ratio", th.net_link_busy_min_ratio, above=True,
+                source=src, note="the busiest port's transmit bytes/s ÷ link rate")  # fmt: skip
+    else:
+        c.info("network", "ib_tx_utilization", util, "ratio", src,
+               note="reported only: a quiet port says nothing against a latency-bound "
+               "collective")  # fmt: skip
+    if judged and drops:
+        c.check("network", "ib_tx_discards_per_s", drops, "1/s", 1e-9, above=True, source=src,
+                note="packets discarded for congestion or timeouts")  # fmt: skip
+    elif drops is not None:
+        c.info("network", "ib_tx_discards_per_s", drops, "1/s", src)
+    if fab.get("xmit_wait_per_s_max") is not None:
+        c.info("network", "ib_xmit_wait_ticks_per_s", fab["xmit_wait_per_s_max"], "ticks/s", src,
+               note="time the port had data but no credits (tick length is the HCA's)")  # fmt: skip
+
+
 def _hbm_checks(c: _Checks, sig: Signals) -> None:
     th, g = c.th, sig.gpu
     dram = g.get("dram_active_ratio")
@@ -671,6 +801,7 @@ def _network_checks(c: _Checks, sig: Signals) -> None:
         if col.get("busbw_ratio") is not None:
             c.info("network", "busbw_over_capability", col.get("busbw_ratio"), "ratio", src,
                    note=f"busbw {col.get('busbw_gbs')} GB/s vs {col.get('capability_gbs')} GB/s")  # fmt: skip
+        _fabric_evidence(c, sig, judged=False)
         return
     unsat = _unsaturated(sig, th)
     gate = "GPUs saturated: latency/throughput bend explained by compute or HBM" if unsat is False else None
@@ -734,8 +865,9 @@ def _network_checks(c: _Checks, sig: Signals) -> None:
             "ratio",
             th.pd_kv_transfer_share_min_ratio,
             above=True,
-            source="request spans: mean KV-transfer time ÷ mean TTFT",
+            source=sig.kv_transfer_source or "request spans or NIXL metrics (none in the window)",
         )
+    _fabric_evidence(c, sig, judged=True)
     ns = network_signals(sig.bins, th)
     why = "" if ns["load_spread"] is None or ns["latency_slope"] is not None else "load too steady to fit"
     if unsat is None:

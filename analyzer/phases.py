@@ -18,8 +18,10 @@ Rules:
  4. TTFT decomposition, from spans only, over the requests that carry a TTFT: the mean of each
     component — queue, prefill, KV transfer — and ``other`` = mean(TTFT) − their sum, floored at 0
     (scheduling, tokenization, the first decode step, network to the client); each component's
-    share is its mean over mean TTFT. Means add up where quantiles do not, so the decomposition
-    is of means, and p99 TTFT is reported beside it.
+    share is its mean over mean TTFT (a request that lacks a component counts 0 for it). Means
+    add up where quantiles do not, so the decomposition is of means, and p99 TTFT is reported
+    beside it. A component that no span of the window carries is left out (its time, if any,
+    is inside ``other``), so an unmeasured phase never reads as a measured 0.
  5. KV-transfer share of TTFT (rule 4's ``kv_transfer`` share) is the evidence a disaggregated
     deployment offers for the network wall: in a prefill→decode deployment the KV cache crosses
     the fabric inside TTFT, and its share says how much of the user's wait the transfer is.
@@ -133,19 +135,24 @@ def _decompose(
 ) -> tuple[dict[str, dict[str, float]], float | None]:
     """Rules 4-5: means of the TTFT components over requests that carry a TTFT."""
     means = ", ".join(f"avg(coalesce({c}, 0))" for c in COMPONENTS)
+    counts = ", ".join(f"count({c})" for c in COMPONENTS)
     row = con.execute(
-        f"SELECT avg(ttft_s), quantile_cont(ttft_s, 0.99), {means}, count(kv_transfer_s) "
+        f"SELECT avg(ttft_s), quantile_cont(ttft_s, 0.99), {means}, {counts} "
         f"FROM request_spans WHERE {where} AND ttft_s >= 0",
         args,
     ).fetchone()
     if not row or row[0] is None or row[0] <= 0:
         return {}, None
-    ttft, p99 = float(row[0]), float(row[1])
-    parts = {c.removesuffix("_s"): float(v or 0.0) for c, v in zip(COMPONENTS, row[2:5], strict=True)}
+    ttft, p99, k = float(row[0]), float(row[1]), len(COMPONENTS)
+    parts = {
+        c.removesuffix("_s"): float(v or 0.0)
+        for c, v, n in zip(COMPONENTS, row[2 : 2 + k], row[2 + k : 2 + 2 * k], strict=True)
+        if n
+    }
     parts["other"] = max(0.0, ttft - sum(parts.values()))
     out = {name: {"mean_s": value, "share": value / ttft} for name, value in parts.items()}
     out["ttft"] = {"mean_s": ttft, "p99_s": p99, "share": 1.0}
-    kv_share = parts["kv_transfer"] / ttft if int(row[5] or 0) else None
+    kv_share = parts["kv_transfer"] / ttft if "kv_transfer" in parts else None
     return out, kv_share
 
 

@@ -1,67 +1,130 @@
-"""p99 regressions: TTFT and ITL p99 against a baseline, the change point, and the axis that moved.
+"""p99 regressions: TTFT and ITL p99 against a baseline, the change point, and the axis that moved first.
 
-Input: the store connection, a deployment, a window, Thresholds, and an optional injected straggler
-callable (``analyzer.stragglers``). Output: a :class:`Regression` with one row per metric and the
-axes compared before/after the change point.
+Input: the store connection, a deployment, a window ``(start, end]``, Thresholds. Output: a
+:class:`Regression` with one row per metric, the baseline actually used (and why, when it is not
+the one asked for), and the axes compared before/after the change point, each with its change
+point, and ``moved_first``.
 
 Rules:
- 1. Baseline window (``regression_baseline``): ``day_before`` = the same window 24 h earlier;
+ 1. Baseline modes (``regression_baseline``): ``day_before`` = the same window 24 h earlier;
     ``trailing_7d`` = the 7 days before the window start; ``previous_window`` = the window of the
-    same length that ends where this one starts. p99s are bucket estimates merged over the
-    deployment's engines (see :mod:`analyzer.latency`).
- 2. A metric regressed when p99 now ÷ p99 baseline ≥ ``regression_min_ratio``.
- 3. Change point: over the baseline-length span before the window plus the window, split the
-    per-bin log p99 series where the two means differ most in least squares (one change point,
-    each side ≥ 2 bins); its time is the start of the first bin after the split.
- 4. Axes, each compared as after ÷ before around the change point (baseline vs window when none):
-    load (requests running), context length (prompt tokens per request), KV pressure (KV usage),
-    fabric bytes (NVLink + PCIe bytes/s), clocks (SM clock); an axis moved when it changed by at
-    least ``regression_axis_min_change_ratio``. A straggler comes from the injected callable only.
+    same length that ends where this one starts; ``reference`` = the pinned window
+    ``(regression_reference_start_s, regression_reference_end_s]`` (Unix seconds).
+ 2. History and fallback: the deployment's history starts at its first engine sample. A
+    baseline is usable when at least ``regression_baseline_min_coverage_ratio`` of its window lies
+    at or after that start (a store younger than a day has no "day before"). Otherwise the next
+    mode of :data:`FALLBACK` is tried: ``reference`` and ``trailing_7d`` → ``day_before`` →
+    ``previous_window``. ``baseline_mode_used`` names the mode whose window was compared with and
+    ``fallback_reason`` says which mode was asked for and why it could not serve; when no mode is
+    usable the last one tried is reported, its metrics read "no data", and the reason says so.
+ 3. p99s are bucket estimates merged over the deployment's engines (:mod:`analyzer.latency`). A
+    metric regressed when p99 now ÷ p99 baseline ≥ ``regression_min_ratio``.
+ 4. Change point of a series: split it where the two sides' means differ most in least squares
+    (one change point, each side ≥ 2 bins; on log values when the series is positive). The
+    latency's is taken over the ``bin_s`` bins of the window-length span before the window plus
+    the window (the first regressed metric's, TTFT before ITL); its time is the start of the
+    first bin after the split.
+ 5. Axes (:mod:`analyzer.regression_axes`): load = arrival rate (spans, else request counters;
+    never running requests, which rise *because* latency rose), context length = prompt tokens
+    per request, KV pressure, fabric bytes, SM clocks, and straggler share. Each is compared as
+    ``after ÷ before − 1``: with a latency change point, ``before`` = up to one window length
+    before it within the span of rule 4 and ``after`` = from it to the window end; without one,
+    the baseline window against the window. An axis moved when ``|change|`` ≥
+    ``regression_axis_min_change_ratio``.
+ 6. Each moved axis gets its own change point (rule 4 on its per-bin series over the span of
+    rule 4) and ``lead_s`` = latency change point − axis change point (positive: the axis moved
+    earlier).
+ 7. Moved first: among the moved axes whose change point is no later than the latency change
+    point plus one bin (the same bin counts: inside a bin nothing can be ordered), the one with
+    the earliest change point; equal change points go to the larger ``|change|``. Axes that
+    moved later are consequences, not causes. Without a latency change point ``moved_first`` is
+    None and the moved axes are only listed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import duckdb
 import numpy as np
 
-from analyzer.deployments import ENGINE_KEY_SQL, Deployment
-from analyzer.latency import NS, binned_quantiles, counter_increases, window_quantiles
+from analyzer.deployments import Deployment
+from analyzer.latency import NS, binned_quantiles, window_quantiles
+from analyzer.regression_axes import AXES, UNITS, Parts, axis_parts, choose_sources
 from analyzer.thresholds import Thresholds
 
-Straggler = Callable[[duckdb.DuckDBPyConnection, Deployment, int, int], Mapping[str, Any] | None]
 METRICS = ("ttft_seconds", "itl_seconds")
 DAY_NS = 86400 * NS
+FALLBACK = {"reference": "day_before", "trailing_7d": "day_before", "day_before": "previous_window"}
 
 
 @dataclass
 class Regression:
     deployment: str
-    baseline: str
+    baseline: str  # the mode asked for (rule 1)
     baseline_window_ns: tuple[int, int]
+    baseline_mode_used: str = ""
+    fallback_reason: str | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
     axes: list[dict[str, Any]] = field(default_factory=list)
+    moved_first: str | None = None
+    change_point_ns: int | None = None
     missing: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def baseline_window(start_ns: int, end_ns: int, kind: str) -> tuple[int, int]:
+def baseline_window(start_ns: int, end_ns: int, kind: str, th: Thresholds | None = None) -> tuple[int, int]:
     """Rule 1."""
     if kind == "day_before":
         return start_ns - DAY_NS, end_ns - DAY_NS
     if kind == "previous_window":
         return 2 * start_ns - end_ns, start_ns
+    if kind == "reference":
+        if th is None or th.regression_reference_start_s is None or th.regression_reference_end_s is None:
+            raise ValueError("regression_baseline 'reference' needs regression_reference_start_s and _end_s")
+        return int(th.regression_reference_start_s * NS), int(th.regression_reference_end_s * NS)
     return start_ns - 7 * DAY_NS, start_ns
 
 
-def change_point(values: np.ndarray) -> int | None:
-    """Rule 3 on a series: index of the first element after the best split, or None."""
-    v = np.log(values[np.isfinite(values) & (values > 0)])
+def history_start(con: duckdb.DuckDBPyConnection, dep: Deployment) -> int | None:
+    """The first engine sample time of the deployment's sources (rule 2), or None when none."""
+    sources = sorted({k.split("|", 1)[0] for k in dep.engine_keys})
+    row = con.execute(  # by source, not by the composed key: one plain column filter over all history
+        "SELECT min(ts_ns) FROM engine_samples WHERE list_contains(?, source)", [sources]
+    ).fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
+def pick_baseline(
+    first_ns: int | None, start_ns: int, end_ns: int, th: Thresholds
+) -> tuple[str, tuple[int, int], str | None]:
+    """Rule 2: ``(mode used, its window, fallback reason or None)``."""
+    mode = th.regression_baseline
+    reasons: list[str] = []
+    while True:
+        b0, b1 = baseline_window(start_ns, end_ns, mode, th)
+        covered = 0.0 if first_ns is None else (b1 - max(b0, first_ns)) / max(b1 - b0, 1)
+        if covered >= th.regression_baseline_min_coverage_ratio:
+            return mode, (b0, b1), "; ".join(reasons) or None
+        reasons.append(
+            f"{mode} baseline {_span_text(b0, b1)} has {max(covered, 0.0):.0%} of its span in the "
+            f"deployment's history (needs {th.regression_baseline_min_coverage_ratio:.0%})"
+        )
+        if mode not in FALLBACK:
+            return mode, (b0, b1), "; ".join(reasons) + ": no baseline with enough history"
+        mode = FALLBACK[mode]
+
+
+def _span_text(b0: int, b1: int) -> str:
+    return f"({b0 / NS:.0f}, {b1 / NS:.0f}] s"
+
+
+def change_point(values: np.ndarray, log: bool = True) -> int | None:
+    """Rule 4 on a series without gaps: index of the first element after the best split, or None."""
+    v = np.log(values) if log else np.asarray(values, dtype=float)
     if len(v) < 4:
         return None
     costs = [
@@ -71,22 +134,29 @@ def change_point(values: np.ndarray) -> int | None:
     return int(np.argmin(costs)) + 2
 
 
+def series_change_time(starts: np.ndarray, values: np.ndarray) -> int | None:
+    """Rule 4 on a binned series with gaps (NaN): the start time of the first bin after the split."""
+    ok = np.isfinite(values)
+    v, t = values[ok], starts[ok]
+    k = change_point(v, log=bool(len(v)) and bool(np.all(v > 0)))
+    return None if k is None else int(t[k])
+
+
 def p99_regression(
     con: duckdb.DuckDBPyConnection,
     dep: Deployment,
     start_ns: int,
     end_ns: int,
     th: Thresholds | None = None,
-    *,
-    straggler: Straggler | None = None,
 ) -> Regression:
-    """Rules 1-4 for one deployment and window."""
+    """Rules 1-7 for one deployment and window."""
     th = th or Thresholds()
     keys = list(dep.engine_keys)
-    b0, b1 = baseline_window(start_ns, end_ns, th.regression_baseline)
-    out = Regression(dep.name, th.regression_baseline, (b0, b1))
+    mode, (b0, b1), reason = pick_baseline(history_start(con, dep), start_ns, end_ns, th)
+    out = Regression(dep.name, th.regression_baseline, (b0, b1), mode, reason)
     now = window_quantiles(con, start_ns, end_ns, keys=keys, concepts=METRICS, qs=(0.99,))
     base = window_quantiles(con, b0, b1, keys=keys, concepts=METRICS, qs=(0.99,))
+    span0 = start_ns - (end_ns - start_ns)
     for m in METRICS:
         n, b = now.get(m, {}).get(0.99), base.get(m, {}).get(0.99)
         nv, bv = (n.value_s if n else None), (b.value_s if b else None)
@@ -94,76 +164,80 @@ def p99_regression(
         verdict = "no data" if ratio is None else ("regressed" if ratio >= th.regression_min_ratio else "ok")
         out.metrics.append({"metric": m, "now_s": nv, "baseline_s": bv, "ratio": ratio, "verdict": verdict,
                             "threshold": th.regression_min_ratio, "estimate": "bucket_interpolated",
-                            "change_point_ns": _change_time(con, keys, start_ns, end_ns, m, th)
+                            "baseline_mode": mode,
+                            "change_point_ns": _latency_change(con, keys, span0, end_ns, m, th)
                             if verdict == "regressed" else None})  # fmt: skip
     cp = next((r["change_point_ns"] for r in out.metrics if r["change_point_ns"]), None)
-    before, after = ((cp - (end_ns - start_ns), cp), (cp, end_ns)) if cp else ((b0, b1), (start_ns, end_ns))
-    out.axes = _axes(con, dep, before, after, th)
-    if straggler is None:
-        out.missing.append("stragglers not wired in: straggler axis not judged")
-    else:
-        got = straggler(con, dep, *after)
-        out.axes.append({"axis": "straggler", "moved": bool(got), "detail": dict(got or {})})
+    out.change_point_ns = cp
+    out.axes = _axes(con, dep, (span0, start_ns, end_ns), (b0, b1), cp, th)
+    out.moved_first = moved_first(out.axes, cp, th.bin_s)
     return out
 
 
-def _change_time(
-    con: duckdb.DuckDBPyConnection, keys: list[str], start_ns: int, end_ns: int, metric: str, th: Thresholds
+def _latency_change(
+    con: duckdb.DuckDBPyConnection, keys: list[str], span0: int, end_ns: int, metric: str, th: Thresholds
 ) -> int | None:
-    span0 = start_ns - (end_ns - start_ns)
     q = binned_quantiles(con, span0, end_ns, th.bin_s, keys=keys, concepts=[metric], qs=(0.99,)).sort("bin")
     q = q.drop_nulls("value_s")
-    k = change_point(q["value_s"].to_numpy())
-    return None if k is None else int(q["bin_start_ns"][k])
+    if q.height == 0:
+        return None
+    return series_change_time(q["bin_start_ns"].to_numpy(), q["value_s"].to_numpy())
 
 
 def _axes(
     con: duckdb.DuckDBPyConnection,
     dep: Deployment,
-    before: tuple[int, int],
-    after: tuple[int, int],
+    span: tuple[int, int, int],
+    baseline: tuple[int, int],
+    cp: int | None,
     th: Thresholds,
 ) -> list[dict[str, Any]]:
-    a, b = _axis_values(con, dep, *before), _axis_values(con, dep, *after)
-    rows = []
-    for axis in ("load", "context_length", "kv_pressure", "fabric_bytes", "clocks"):
-        x, y = a.get(axis), b.get(axis)
-        change = (y / x - 1.0) if x and y is not None else None
-        moved = change is not None and abs(change) >= th.regression_axis_min_change_ratio
-        rows.append({"axis": axis, "before": x, "after": y, "change_ratio": change, "moved": moved,
-                     "threshold": th.regression_axis_min_change_ratio})  # fmt: skip
-    return rows
+    """Rules 5-6: one row per axis."""
+    span0, start_ns, end_ns = span
+    window = end_ns - start_ns
+    before, after = ((max(cp - window, span0), cp), (cp, end_ns)) if cp else (baseline, (start_ns, end_ns))
+    src = choose_sources(con, dep, (before, after), (start_ns, end_ns))
+    grid = axis_parts(con, dep, span0, end_ns, th.bin_s, src)
+    bin_ns = max(int(th.bin_s * NS), 1)
+    if cp:  # rule 5: both sides are whole bins of the span's grid
+        k0, k1 = (before[0] - span0) // bin_ns, (cp - span0) // bin_ns
+        sides = {a: (p.value(k0, k1), p.value(k1, len(p.num))) for a, p in grid.items()}
+    else:
+        a = axis_parts(con, dep, *before, (before[1] - before[0]) / NS, src)
+        b = axis_parts(con, dep, *after, (after[1] - after[0]) / NS, src)
+        sides = {
+            k: (a[k].value(0, 1) if k in a else None, b[k].value(0, 1) if k in b else None) for k in AXES
+        }
+    starts = span0 + np.arange(max((len(p.num) for p in grid.values()), default=0)) * bin_ns
+    return [_axis_row(axis, sides.get(axis, (None, None)), grid.get(axis), starts, cp, th) for axis in AXES]
 
 
-def _axis_values(
-    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int
-) -> dict[str, float]:
-    keys = list(dep.engine_keys)
-    out: dict[str, float] = {}
-    rows = con.execute(
-        f"""SELECT concept, sum(v), avg(v) FROM (
-                SELECT concept, {ENGINE_KEY_SQL} AS k, avg(value) AS v FROM engine_samples
-                WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, {ENGINE_KEY_SQL})
-                  AND concept IN ('requests_running', 'kv_usage_ratio') GROUP BY ALL) GROUP BY concept""",
-        [start_ns, end_ns, keys],
-    ).fetchall()
-    for concept, total, mean in rows:  # running adds up over engines; KV usage is a mean ratio
-        out["load" if concept == "requests_running" else "kv_pressure"] = float(
-            total if concept == "requests_running" else mean
-        )
-    inc = counter_increases(con, start_ns, end_ns, ["prompt_tokens_total", "ttft_seconds_count"], keys=keys)
-    got = dict(zip(inc["concept"].to_list(), inc["increase"].to_list(), strict=True))
-    if got.get("ttft_seconds_count"):
-        out["context_length"] = float(got.get("prompt_tokens_total", 0.0)) / float(got["ttft_seconds_count"])
-    gpu = con.execute(
-        """SELECT sum(value) FILTER (WHERE metric LIKE 'nvlink_%' OR metric LIKE 'pcie_%')
-                      / count(DISTINCT ts_ns),
-                  avg(value) FILTER (WHERE metric = 'sm_clock_mhz')
-           FROM gpu_samples WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, uuid)""",
-        [start_ns, end_ns, list(dep.gpu_uuids)],
-    ).fetchone()
-    if gpu and gpu[0] is not None:
-        out["fabric_bytes"] = float(gpu[0])
-    if gpu and gpu[1] is not None:
-        out["clocks"] = float(gpu[1])
-    return out
+def _axis_row(
+    axis: str,
+    sides: tuple[float | None, float | None],
+    parts: Parts | None,
+    starts: np.ndarray,
+    cp: int | None,
+    th: Thresholds,
+) -> dict[str, Any]:
+    x, y = sides
+    change = (y / x - 1.0) if x and y is not None else None
+    moved = change is not None and abs(change) >= th.regression_axis_min_change_ratio
+    at = series_change_time(starts[: len(parts.num)], parts.per_bin()) if moved and parts else None
+    return {"axis": axis, "unit": UNITS[axis], "source": parts.source if parts else None, "before": x,
+            "after": y, "change_ratio": change, "moved": moved,
+            "threshold": th.regression_axis_min_change_ratio, "change_point_ns": at,
+            "lead_s": (cp - at) / NS if cp and at is not None else None}  # fmt: skip
+
+
+def moved_first(axes: list[dict[str, Any]], cp: int | None, bin_s: float) -> str | None:
+    """Rule 7."""
+    if cp is None:
+        return None
+    limit = cp + int(bin_s * NS)
+    lead = [
+        a for a in axes if a["moved"] and a["change_point_ns"] is not None and a["change_point_ns"] <= limit
+    ]
+    if not lead:
+        return None
+    return str(min(lead, key=lambda a: (a["change_point_ns"], -abs(a["change_ratio"])))["axis"])

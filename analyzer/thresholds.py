@@ -7,7 +7,7 @@ field, and every verdict's evidence quotes the value that was in force.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Thresholds(BaseModel):
@@ -71,6 +71,12 @@ class Thresholds(BaseModel):
         le=1,
         description="weight of the change-with-load checks in the network score (level checks: the rest)",
     )
+    net_link_busy_min_ratio: float = Field(
+        default=0.7,
+        ge=0,
+        le=1,
+        description="IB/RoCE port transmit bytes/s ÷ link rate at or above (a busy link)",
+    )
     pd_wait_share_min_ratio: float = Field(
         default=0.5, ge=0, le=1, description="P/D: waiting share of TTFT at or above (KV-transfer wait)"
     )
@@ -123,5 +129,41 @@ class Thresholds(BaseModel):
         default=0.2, ge=0, description="an axis 'moved' when it changed by at least this fraction"
     )
     regression_baseline: str = Field(
-        default="day_before", pattern="^(day_before|trailing_7d|previous_window)$"
+        default="day_before",
+        pattern="^(day_before|trailing_7d|previous_window|reference)$",
+        description="what p99 now is compared with; 'reference' = the pinned window below",
     )
+    regression_reference_start_s: float | None = Field(
+        default=None, ge=0, description="pinned baseline window start, Unix seconds ('reference' mode)"
+    )
+    regression_reference_end_s: float | None = Field(
+        default=None, ge=0, description="pinned baseline window end, Unix seconds ('reference' mode)"
+    )
+    regression_baseline_min_coverage_ratio: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="share of the baseline window the deployment's history must cover, else fall back",
+    )
+
+    @model_validator(mode="after")
+    def _reference_window(self) -> Thresholds:
+        """'reference' mode needs both ends of its window, end after start; the ends alone are refused
+        (a pinned window that is silently ignored would be a baseline nobody compares with)."""
+        start, end = self.regression_reference_start_s, self.regression_reference_end_s
+        if self.regression_baseline == "reference":
+            if start is None or end is None:
+                raise ValueError(
+                    "regression_baseline 'reference' needs regression_reference_start_s and "
+                    "regression_reference_end_s (Unix seconds)"
+                )
+            if end <= start:
+                raise ValueError(
+                    f"regression_reference_end_s ({end}) must be after regression_reference_start_s ({start})"
+                )
+        elif start is not None or end is not None:
+            raise ValueError(
+                "regression_reference_start_s/_end_s are set but regression_baseline is "
+                f"{self.regression_baseline!r}: set regression_baseline: reference to use them"
+            )
+        return self

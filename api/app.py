@@ -188,14 +188,15 @@ def verdict_registry(app: FastAPI) -> CollectorRegistry:
     """
     from api import routes, service
 
-    def analysis() -> list[tuple[Any, dict[str, Any], dict[str, Any], float]]:
+    def analysis() -> list[tuple[Any, dict[str, Any], dict[str, Any], float, dict[str, Any]]]:
         end = routes.default_end(app)
         span = routes.Span(end - int(VERDICT_WINDOW_S * 1e9), end)
         out = []
         for dep in routes.cached_on(app, ("deployments",), service.deployments):
             env = routes.envelope_of(app, dep, span)
             strag = routes.stragglers_of(app, dep, span, routes.STRAGGLER_SLICE_S)
-            out.append((dep, env, strag, env.get("computed_at_s", time.time())))
+            phases = routes.phases_of(app, dep, span)
+            out.append((dep, env, strag, env.get("computed_at_s", time.time()), phases))
         return out
 
     registry = CollectorRegistry(auto_describe=False)

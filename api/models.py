@@ -152,10 +152,17 @@ class Headroom(_M):
 
 class Regression(_M):
     deployment: str
-    baseline: str
+    baseline: str = Field(description="baseline mode asked for (analysis setting regression_baseline)")
     baseline_window_ns: list[int]
+    baseline_mode_used: str = Field("", description="mode whose window was compared with (after fallback)")
+    fallback_reason: str | None = Field(None, description="why the asked mode could not serve (else null)")
     metrics: list[dict[str, Any]]
-    axes: list[dict[str, Any]]
+    axes: list[dict[str, Any]] = Field(
+        description="per axis (load = arrival rate, context_length, kv_pressure, fabric_bytes, clocks, "
+        "straggler_share): before, after, change_ratio, moved, change_point_ns, lead_s, source"
+    )
+    moved_first: str | None = Field(None, description="the moved axis whose change point led the latency's")
+    change_point_ns: int | None = Field(None, description="the latency's change point")
     missing: list[str]
 
 
@@ -212,6 +219,39 @@ class Latency(_M):
     bin_s: float
     span_s: float = Field(description="each series point covers the trailing span_s ending at its bin")
     series: list[QuantilePoint]
+    computed_at_s: float = Field(description="Unix time the analysis ran (results are cached briefly)")
+
+
+class PhaseQuantiles(_M):
+    phase: str = Field(description="ttft_s, queue_s, prefill_s, kv_transfer_s, decode_s or e2e_s")
+    count: int = Field(description="requests (spans) or histogram observations behind the quantiles")
+    mean_s: float | None = Field(description="mean over the spans (null for histogram estimates)")
+    quantiles_s: dict[str, float | None] = Field(description="p50, p90, p99 in seconds")
+    source: str = Field(description="'spans' or 'histogram_buckets'")
+    estimate: str = Field(
+        description="'exact_over_observed_requests' (spans) or 'bucket_interpolated' (histogram estimate)"
+    )
+
+
+class TtftPart(_M):
+    mean_s: float
+    share: float = Field(description="mean of this part / mean TTFT (1 for ttft itself)")
+    p99_s: float | None = Field(None, description="TTFT p99 over the same spans (ttft row only)")
+
+
+class Phases(_M):
+    deployment: str
+    window: Window
+    requests: int = Field(description="request spans of the deployment that ended in the window")
+    phases: list[PhaseQuantiles]
+    ttft_decomposition: dict[str, TtftPart] = Field(
+        description="from spans only: queue, prefill, kv_transfer (parts a span carries), other, ttft; "
+        "empty without enough spans"
+    )
+    kv_transfer_share_of_ttft: float | None = Field(
+        description="KV-transfer share of mean TTFT (disaggregated prefill/decode: network-wall evidence)"
+    )
+    note: str
     computed_at_s: float = Field(description="Unix time the analysis ran (results are cached briefly)")
 
 

@@ -1,5 +1,5 @@
-"""``/api/v1``: deployments, envelope, latency, GPU/fabric series, collectives, stragglers, plan,
-targets, and read-only queries. Thin: validate (:mod:`api.params`), call :mod:`api.service`
+"""``/api/v1``: deployments, envelope, latency, request phases, GPU/fabric series, collectives,
+stragglers, plan, targets, and read-only queries. Thin: validate (:mod:`api.params`), call :mod:`api.service`
 through the app's TTL cache, serialize (:mod:`api.models`).
 
 Rules:
@@ -203,7 +203,7 @@ def envelope_of(app: Any, dep: Any, s: Span) -> dict[str, Any]:
 def analysis_settings(app: Any) -> Any:
     """The app's analysis settings (the config's ``analysis:`` block), the same object the CLI uses."""
     settings = getattr(app.state, "settings", None)
-    return getattr(settings, "analysis", None)
+    return settings.thresholds() if settings is not None and hasattr(settings, "thresholds") else None
 
 
 def stragglers_of(app: Any, dep: Any, s: Span, slice_s: float) -> dict[str, Any]:
@@ -331,6 +331,26 @@ def refresh_cycle(app: Any) -> Cycle:
 
     work = [((r, d.name), lambda d=d, r=r: run(d, r)) for d in deps for r in ("envelope", "latency")]
     return Cycle(end_ns, work)
+
+
+def phases_of(app: Any, dep: Any, s: Span) -> dict[str, Any]:
+    """The request-phase report (shared by the route and ``/metrics``), cached."""
+    return cached_on(app, ("phases", dep.name, s),  # type: ignore[no-any-return]
+                     lambda c: service.phases(c, dep, s.start_ns, s.end_ns))  # fmt: skip
+
+
+@router.get("/deployments/{name:path}/phases", response_model=models.Phases, summary="Request phases")
+def phases(request: Request, dep: DepDep, s: SpanDep) -> Response:
+    """Queue, prefill, KV-transfer, decode and end-to-end times per request, and what TTFT is made of.
+
+    With request spans (OTLP) every quantile is **exact** over the observed requests and TTFT is
+    decomposed into the mean of each part and its share; without enough spans the engine's
+    request-phase histograms stand in, labelled **bucket estimates** (no decomposition then)."""
+
+    def build() -> dict[str, Any]:
+        return {"deployment": dep.name, "window": s.window(), **phases_of(request.app, dep, s)}
+
+    return as_json(request, ("phases", dep.name, s), models.Phases, build)
 
 
 @router.get("/deployments/{name:path}/gpu", response_model=models.GpuSeries, summary="GPU activity series")

@@ -16,6 +16,10 @@ On each scrape, for every deployment, over the last ``window_s`` ending at the n
   4. ``ioe_straggler_score_ratio`` / ``ioe_straggler`` per flagged rank (blame share; 1 when
      persistent). Only flagged ranks are exported, so labels stay bounded by the deployment's ranks.
   5. ``ioe_analysis_timestamp_seconds`` is when the verdict was computed (wall clock).
+  6. ``ioe_deployment_ttft_share_ratio{phase}``: the share of mean TTFT each part takes, from
+     request spans (:mod:`analyzer.phases` rule 4): ``phase`` ∈ ``queue``, ``prefill``,
+     ``kv_transfer`` (a part only when spans carry it) and ``other`` (what the spans do not break
+     down). Absent without enough spans: a histogram estimate cannot be decomposed.
 The analyses go through the app's TTL cache, so a scrape every few seconds costs one analysis
 per cache period. A deployment whose analysis fails is skipped (logged once per scrape).
 """
@@ -33,8 +37,10 @@ log = logging.getLogger(__name__)
 ZONE_NAMES = ("compute", "hbm_bandwidth", "kv_capacity", "network", "headroom", "saturated", "unknown")
 SIGNALS = {"ttft_seconds": "ttft", "itl_seconds": "itl"}
 
-Analysis = Callable[[], list[tuple[Any, dict[str, Any], dict[str, Any], float]]]
-"""Returns ``(deployment, envelope report, stragglers report, computed_at_s)`` per deployment."""
+Analysis = Callable[[], list[tuple[Any, dict[str, Any], dict[str, Any], float, dict[str, Any]]]]
+"""Returns ``(deployment, envelope report, stragglers report, computed_at_s, phases report)`` per
+deployment."""
+TTFT_PARTS = ("queue", "prefill", "kv_transfer", "other")
 
 
 _D, _RANK = ("deployment",), ("deployment", "rank", "host", "gpu")
@@ -71,6 +77,11 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "score": ("ioe_straggler_score_ratio", "Share of peers' wait blamed on this rank, 0..1", _RANK),
     "strag": ("ioe_straggler", "1 when the rank is a persistent straggler", _RANK),
     "ts": ("ioe_analysis_timestamp_seconds", "When the verdict was computed", _D),
+    "ttft_share": (
+        "ioe_deployment_ttft_share_ratio",
+        "Share of mean TTFT per phase, from request spans (exact over the requests seen)",
+        (*_D, "phase"),
+    ),
 }
 
 
@@ -138,6 +149,14 @@ def add_stragglers(f: dict[str, GaugeMetricFamily], name: str, rep: dict[str, An
         f["strag"].add_metric(labels, 1.0 if s["kind"] == "persistent" else 0.0)
 
 
+def add_phases(f: dict[str, GaugeMetricFamily], name: str, rep: dict[str, Any]) -> None:
+    """Rule 6."""
+    parts = rep.get("ttft_decomposition") or {}
+    for phase in TTFT_PARTS:
+        if phase in parts:
+            _add(f["ttft_share"], [name, phase], parts[phase].get("share"))
+
+
 class VerdictCollector(Collector):
     """Turns the cached analyses into the families of docs/metrics.md on every ``collect``."""
 
@@ -151,9 +170,10 @@ class VerdictCollector(Collector):
         except Exception:  # a scrape must still answer: self-metrics come from other registries
             log.exception("verdict analysis failed; exporting no verdicts this scrape")
             results = []
-        for dep, env, strag, computed_at in results:
+        for dep, env, strag, computed_at, phases in results:
             add_envelope(f, dep.name, env)
             add_stragglers(f, dep.name, strag)
+            add_phases(f, dep.name, phases)
             f["ts"].add_metric([dep.name], computed_at)
         yield from f.values()
 

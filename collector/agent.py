@@ -178,6 +178,7 @@ class Agent:
                 port=self.settings.otlp.grpc_port,
                 max_message_bytes=self.settings.otlp.max_body_bytes,
                 token=self.settings.token,
+                on_shed=lambda: self.metrics.otlp_shed.labels("grpc").inc(),
             )
 
     async def _maintenance_loop(self) -> None:
@@ -198,7 +199,8 @@ class Agent:
         tailer = InspectorTailer(directory, state, self.queue)
         while await self.sidecar.pause(self.settings.readers.interval_s):
             try:
-                await asyncio.to_thread(tailer.poll)
+                report = await asyncio.to_thread(tailer.poll)
+                self.sidecar.report_problems(report.problems, "nccl-inspector")
             except Exception:
                 log.exception("NCCL Inspector tailer failed on %s; will retry", directory)
 

@@ -116,11 +116,15 @@ def ingest_paths(store: Sink, paths: Iterable[str | Path], ctx: IngestContext | 
     formats = file_formats()
     report = IngestReport()
     for path, name in iter_files(paths):
-        fmt = detect(path, formats)
+        try:
+            fmt = detect(path, formats)
+            stamp = ctx.ts_ns or path.stat().st_mtime_ns
+        except OSError as exc:  # unreadable: named, and the other files go on
+            report.problems.append(Problem(str(path), f"cannot read ({exc})"))
+            continue
         if fmt is None:
             _unrecognized(store, path, formats, report)
             continue
-        stamp = ctx.ts_ns or path.stat().st_mtime_ns
         _FileImport(store, path, report).run(fmt, replace(ctx, ts_ns=stamp, name=name))
         report.files[fmt.name] += 1
     return report

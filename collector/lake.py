@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+MAX_ABANDONED = 16  # broken lake connections set aside unclosed (LakeStore._drop_connection)
 LAKE = "lake"
 # Extension wheel module -> the name DuckDB expects (its entry point is <name>_duckdb_cpp_init).
 _EXTENSIONS = {"duckdb_extension_ducklake": "ducklake", "duckdb_extension_postgres": "postgres_scanner"}
@@ -177,6 +178,7 @@ class LakeStore(RowCounts):
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()
         self._con: duckdb.DuckDBPyConnection | None = None
+        self._abandoned: list[duckdb.DuckDBPyConnection] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         try:
@@ -194,13 +196,23 @@ class LakeStore(RowCounts):
             self._con = connect_lake(self.cfg)
         return self._con
 
-    def _drop_connection(self) -> None:
-        if self._con is not None:
+    def _drop_connection(self, *, broken: bool = False) -> None:
+        """Forget the connection. A broken one (its statement failed, e.g. the Postgres catalog
+        went away) is set aside unclosed: closing a DuckLake connection whose catalog
+        connection died aborted the whole process under DuckDB 1.5.5 (seen in
+        tests/test_lake_fleet.py's catalog-outage test, while the catalog was down). At most
+        :data:`MAX_ABANDONED` are kept, closed at :meth:`close`; a healthy one is closed at once."""
+        if self._con is None:
+            return
+        if broken:
+            self._abandoned.append(self._con)
+            del self._abandoned[:-MAX_ABANDONED]
+        else:
             try:
                 self._con.close()
             except duckdb.Error:
-                log.debug("closing a broken lake connection failed", exc_info=True)
-            self._con = None
+                log.debug("closing the lake connection failed", exc_info=True)
+        self._con = None
 
     def _retry(self, what: str, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
         """Run ``fn`` in a transaction; retried ``max_retries`` times with back-off (rule 4)."""
@@ -214,7 +226,7 @@ class LakeStore(RowCounts):
                 except duckdb.Error as exc:
                     log.warning("lake %s failed (attempt %d/%d): %s", what, attempt, attempts, exc)
                     if not isinstance(exc, duckdb.TransactionException):
-                        self._drop_connection()
+                        self._drop_connection(broken=True)
                     last: duckdb.Error = exc
             if attempt < attempts:
                 time.sleep(self.cfg.retry_wait_s * 2 ** (attempt - 1))
@@ -353,6 +365,12 @@ class LakeStore(RowCounts):
         self._flush_logged()
         with self._lock:
             self._drop_connection()
+            for con in self._abandoned:  # the catalog is back or gone for good: close them now
+                try:
+                    con.close()
+                except duckdb.Error:
+                    log.debug("closing a broken lake connection failed", exc_info=True)
+            self._abandoned.clear()
         self.spool.close()
 
     def __enter__(self) -> LakeStore:

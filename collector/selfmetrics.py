@@ -34,6 +34,12 @@ class SelfMetrics:
         self.rows_dropped = Counter(
             "ioe_rows_dropped", "Rows refused or lost, by reason.", ["reason"], registry=r
         )
+        self.otlp_shed = Counter(
+            "ioe_otlp_shed_requests",
+            "OTLP exports refused with UNAVAILABLE at the receiver's in-flight cap (exporters retry them).",
+            ["transport"],
+            registry=r,
+        )
         self.queue_batches = Gauge("ioe_queue_batches", "Batches waiting in the write queue.", registry=r)
         self.stored_by_table: dict[str, int] = {}
 

@@ -195,16 +195,20 @@ class Sidecar:
         for table, rows_of_table in parsed.batches.items():
             if self.sink.offer(table, rows_of_table):
                 rows += len(rows_of_table)
-        if parsed.problems:
-            self.metrics.dropped("parse", len(parsed.problems))
-            first = parsed.problems[0]
-            now = self.clock()
-            if now - self._errors_at.get(source, -(1 << 62)) >= ERRORS_EVERY_S * 1e9:  # rule 4
-                log.warning("%s: %d input problem(s) refused, first: %s", source, len(parsed.problems), first)
-                self._errors_at[source] = now
-                self.sink.offer("ingest_errors", _problems_frame(_bounded(parsed.problems), source, now))
+        self.report_problems(parsed.problems, source)
         self.metrics.queue_batches.set(self.sink.queue.qsize())
         return rows
+
+    def report_problems(self, problems: list[Problem], source: str) -> None:
+        """Rule 4: count refused input, and store it in ``ingest_errors`` (bounded, throttled)."""
+        if not problems:
+            return
+        self.metrics.dropped("parse", len(problems))
+        now = self.clock()
+        if now - self._errors_at.get(source, -(1 << 62)) >= ERRORS_EVERY_S * 1e9:
+            log.warning("%s: %d input problem(s) refused, first: %s", source, len(problems), problems[0])
+            self._errors_at[source] = now
+            self.sink.offer("ingest_errors", _problems_frame(_bounded(problems), source, now))
 
     def _record(
         self,

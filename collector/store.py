@@ -266,12 +266,14 @@ class Store(RowCounts):
                 self._layout()
                 self._stamp(SCHEMA_VERSION)
                 return
+            # the layout first: a table an older file lacks is created at today's shape, so a
+            # later step's ALTER finds it (its ADD COLUMN IF NOT EXISTS is then a no-op)
+            self._layout()
             for from_version, statements in MIGRATIONS:
                 if from_version >= current:
                     for sql in statements:
                         self.con.execute(sql)
                     self._stamp(from_version + 1)
-            self._layout()  # tables added since: created empty
 
     def _layout(self) -> None:
         """Every table of :data:`TABLES`: created when missing; a raw table in the series layout,

@@ -198,6 +198,16 @@ def deployment() -> dict[str, Any]:
             description="vLLM's request-phase buckets start at 0.3 s: fast deployments read near 0.3 s.",
         ),
         Panel(
+            "TTFT decomposition (from request spans)",
+            (ioe(f"ioe_deployment_ttft_share_ratio{{{DEP}}}", "{{deployment}} {{phase}}"),),
+            unit="percentunit",
+            max_value=1,
+            stacked=True,
+            description="Share of mean TTFT per phase, exact over the requests whose OTLP spans IOE received "
+            "(queue, prefill, kv_transfer where spans carry them; other = the rest). In a disaggregated "
+            "deployment the kv_transfer share is the network's part of the user's wait. Empty without spans.",
+        ),
+        Panel(
             "KV cache usage",
             per_engine(KV_USAGE, f"max {BY} ({{m}}{{{{{{sel}}}}}})", ""),
             unit="percentunit",

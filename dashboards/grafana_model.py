@@ -57,6 +57,7 @@ class Panel:
     max_value: float | None = None
     threshold_line: float | None = None
     overrides: list[dict[str, Any]] = field(default_factory=list)
+    stacked: bool = False  # timeseries: series stacked on each other (parts of a whole)
 
     def to_json(self, panel_id: int, x: int, y: int) -> dict[str, Any]:
         refs = [chr(ord("A") + i) for i in range(len(self.targets))]
@@ -78,6 +79,9 @@ class Panel:
         if self.threshold_line is not None:
             steps.append({"color": "red", "value": self.threshold_line})
             custom["thresholdsStyle"] = {"mode": "line"}
+        if self.stacked:
+            custom["stacking"] = {"mode": "normal", "group": "A"}
+            custom["fillOpacity"] = 40
         out: dict[str, Any] = {
             "unit": self.unit,
             "thresholds": {"mode": "absolute", "steps": steps},

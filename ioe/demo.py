@@ -50,7 +50,7 @@ def demo_settings(sim: Simulation, workdir: Path, port: int) -> Settings:
         readers=NodeReaders(nvml=True, dcgm=True, infiniband=True, sysfs_infiniband=str(workdir / "no-ib")),
         flush_interval_s=0.5,
         maintenance_interval_s=30.0,
-        analysis=DEMO_THRESHOLDS,  # the page, API and /metrics judge with the report's settings
+        analysis=DEMO_THRESHOLDS.model_dump(),  # the page, API and /metrics judge with the report's settings
     )
 
 

@@ -73,8 +73,12 @@ def _deployment_lines(d: dict[str, Any]) -> list[str]:
     for m in reg.get("metrics", []):
         if m.get("verdict") == "regressed":
             moved = ", ".join(a["axis"] for a in reg.get("axes", []) if a.get("moved")) or "no axis moved"
-            vs = f"{m['now_s']:.3f} s vs baseline {m['baseline_s']:.3f} s"
-            out.append(f"    p99 {m['metric']} regressed: {vs} (bucket estimates); moved with it: {moved}")
+            first = f"; moved first: {reg['moved_first']}" if reg.get("moved_first") else ""
+            used = reg.get("baseline_mode_used") or "baseline"
+            vs = f"{m['now_s']:.3f} s vs {used} {m['baseline_s']:.3f} s"
+            out.append(f"    p99 {m['metric']} regressed: {vs} (bucket estimates); moved: {moved}{first}")
+    if reg.get("fallback_reason"):
+        out.append(f"    regression baseline: {reg.get('baseline_mode_used')} ({reg['fallback_reason']})")
     for miss in env.get("missing", []):
         out.append(f"    missing: {miss}")
     return out

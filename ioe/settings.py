@@ -14,12 +14,13 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from analyzer.thresholds import Thresholds
+if TYPE_CHECKING:
+    from analyzer.thresholds import Thresholds
 
 ENV_PREFIX = "IOE_"
 
@@ -123,8 +124,33 @@ class Settings(_Model):
     # Kept so older config files still load: reads always need the token when one is set.
     require_token_for_reads: bool = True
     # The analysis settings every surface uses (thresholds, bin size, baseline mode): the
-    # `analysis:` block, IOE_ANALYSIS__<FIELD>, and `ioe analyze --set field=value`.
-    analysis: Thresholds = Field(default_factory=Thresholds)
+    # `analysis:` block, IOE_ANALYSIS__<FIELD>, and `ioe analyze --set field=value`; the fields
+    # of analyzer.thresholds.Thresholds, validated against it (imported only when the block is
+    # set, so a collector-only sidecar never loads the analyzer).
+    analysis: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("analysis")
+    @classmethod
+    def _valid_analysis(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if v:
+            from analyzer.thresholds import Thresholds
+
+            try:
+                Thresholds.model_validate(v)
+            except ValidationError as exc:
+                raise ValueError(
+                    "; ".join(
+                        f"{'.'.join(['analysis', *map(str, e['loc'])])}: {e['msg']} (got {e.get('input')!r})"
+                        for e in exc.errors()
+                    )
+                ) from None
+        return v
+
+    def thresholds(self) -> Thresholds:
+        """The analysis settings as the analyzer's :class:`~analyzer.thresholds.Thresholds`."""
+        from analyzer.thresholds import Thresholds
+
+        return Thresholds.model_validate(self.analysis)
 
     @field_validator("targets")
     @classmethod
@@ -222,6 +248,8 @@ def analysis_origins(
     block = (read_config_file(config).get("analysis") or {}) if config else {}
     from_env = env_overrides(env).get("analysis") or {}
     out = {}
+    from analyzer.thresholds import Thresholds
+
     for name in Thresholds.model_fields:
         if sets and name in sets:
             out[name] = "argument --set"

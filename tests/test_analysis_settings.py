@@ -49,5 +49,5 @@ def test_the_server_settings_carry_the_same_analysis_block(tmp_path: Path) -> No
     cfg = tmp_path / "ioe.yaml"
     cfg.write_text("analysis:\n  bin_s: 15\n  regression_baseline: previous_window\n")
     s = load_settings(cfg, environ={})
-    assert isinstance(s, Settings) and s.analysis.bin_s == 15.0
-    assert s.analysis.regression_baseline == "previous_window"
+    assert isinstance(s, Settings) and s.thresholds().bin_s == 15.0
+    assert s.thresholds().regression_baseline == "previous_window"

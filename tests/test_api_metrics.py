@@ -58,7 +58,7 @@ def one(scraped: dict[str, list[tuple[dict[str, str], float]]], name: str, **lab
 
 def test_every_documented_verdict_series_is_exported(scraped: dict) -> None:
     documented = documented_verdicts()
-    assert len(documented) == 19
+    assert len(documented) == 20
     # regression ratio and flag are absent here only because the store holds no baseline day
     exported = {n for n in scraped if n.startswith("ioe_") and not n.startswith("ioe_rows_stored")}
     assert exported == documented - {"ioe_deployment_p99_regression_ratio", "ioe_deployment_p99_regression"}
@@ -162,3 +162,9 @@ def test_live_metrics_pass_promtool_check_metrics() -> None:
     assert got.returncode == 0 and got.stdout.strip() == "" and got.stderr.strip() == "", (
         got.stdout + got.stderr
     )
+
+
+def test_ttft_share_only_for_the_parts_spans_carry(scraped: dict) -> None:
+    # api_store's 200 spans carry TTFT (4.5 s) and nothing it is made of: the whole of it is 'other',
+    # and no queue/prefill/kv_transfer share is claimed
+    assert [(lab["phase"], v) for lab, v in scraped["ioe_deployment_ttft_share_ratio"]] == [("other", 1.0)]

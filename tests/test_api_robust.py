@@ -212,7 +212,7 @@ def test_a_deployment_named_after_a_model_id_works_in_every_route(model_named: S
     for spelled in (quote(name, safe=""), name):  # the page sends %2F; a person may type "/"
         base = f"/api/v1/deployments/{spelled}"
         assert client.get(base).json()["deployment"]["name"] == name
-        for route in ("envelope", "latency", "gpu", "fabric", "collectives", "stragglers"):
+        for route in ("envelope", "latency", "phases", "gpu", "fabric", "collectives", "stragglers"):
             r = client.get(f"{base}/{route}")
             assert r.status_code == 200, (route, r.text[:200])
             got = r.json()["deployment"]  # the envelope carries the deployment's summary

@@ -67,8 +67,10 @@ FIXTURE_ONLY_FAMILIES = {
     "vllm:prefix_cache_": "prefix caching: the simulated engines keep no prefix cache",
     "ioe_deployment_crossover_concurrency": "Cp is fitted over 60 s bins of varying load "
     "(analyzer.thresholds bin_s): minutes of history a bounded run does not have",
-    "ioe_deployment_p99_regression_ratio": "the p99 baseline is the same window a day earlier "
-    "(analyzer.thresholds regression_baseline 'day_before')",
+    "ioe_deployment_ttft_share_ratio": "TTFT shares come from request spans: the simulator here is given no "
+    "OTLP endpoint, so it sends none",
+    "ioe_deployment_p99_regression_ratio": "the p99 baseline is the same 15-min window a day earlier, else "
+    "(fallback, analyzer.regression rule 2) the 15 min before it: history a bounded run does not have",
 }
 SERIES = re.compile(r"\b(?:vllm:|sglang:|trtllm_|DCGM_FI_|node_|ioe_)[\w:]+")
 # Like vLLM, the simulator creates vllm:num_preemptions_total at 0 on start-up, so the preemption rule has a

@@ -3,7 +3,8 @@
 This is the FIXTURE side of the split (the live side, against the real ``ioe simulate`` + ``ioe sidecar``, is
 ``tests/test_dashboards_live.py``, whose docstring states the rule). Here every target is checked, and for the
 targets whose series the simulator cannot produce (SGLang, TRT-LLM, node_exporter InfiniBand, dcgm ECC, vLLM
-prefix cache; IOE's Cp and p99 regression ratio, which need minutes to a day of history) this is the proof.
+prefix cache; IOE's Cp and p99 regression ratio, which need minutes to a day of history; IOE's TTFT shares,
+which need request spans) this is the proof.
 
 A Prometheus (Debian package) is started on 127.0.0.1 with a temporary storage dir and a 1 s scrape interval.
 It scrapes one in-test HTTP server that serves the files of ``tests/data/prom/`` (see SOURCES.md there)
@@ -117,6 +118,7 @@ def ioe_test_exposition() -> bytes:
         )
     }
     regression = gauge("ioe_deployment_p99_regression_ratio", ("deployment", "signal"))
+    ttft_share = gauge("ioe_deployment_ttft_share_ratio", ("deployment", "phase"))
     score = gauge("ioe_straggler_score_ratio", ("deployment", "rank", "host", "gpu"))
     flag = gauge("ioe_straggler", ("deployment", "rank", "host", "gpu"))
     up = gauge("ioe_target_up", ("target", "kind"))
@@ -131,6 +133,9 @@ def ioe_test_exposition() -> bytes:
             g.labels(dep).set(0.1 * (i + 1))
         regression.labels(dep, "ttft").set(1.1)
         regression.labels(dep, "itl").set(1.0)
+        for phase, share in (("queue", 0.3), ("prefill", 0.5), ("other", 0.2)):
+            ttft_share.labels(dep, phase).set(share)
+    ttft_share.labels("qwen-32b-trtllm", "kv_transfer").set(0.15)
     for rank in range(8):
         score.labels("llama-8b-vllm", str(rank), HOST, str(rank)).set(
             0.7 if str(rank) == STRAGGLER_GPU else 0.04

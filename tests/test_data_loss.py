@@ -21,6 +21,7 @@ from collector.records import batch
 from collector.selfmetrics import SelfMetrics
 from collector.sidecar import MAX_ERRORS_PER_SCRAPE, Sidecar, SourceState
 from collector.sources.http_client import HttpClient
+from collector.sources.tailer import InspectorTailer, load_state
 from collector.store import Retention, Store
 from collector.writer import QueueSink, WriterThread
 from ioe.cli import app
@@ -201,7 +202,7 @@ def test_two_nodes_files_of_one_name_stay_two_series_and_reimport_adds_nothing(t
 
 
 def test_a_cut_off_last_line_is_refused_not_stored_as_a_smaller_number(tmp_path: Path) -> None:
-    # the copy was taken mid-write: "24669591596" became "246695"; still a number, but wrong
+    # the copy was taken mid-write: "24669591596" became "24669"; still a number, but wrong
     full = 'DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{gpu="0",UUID="GPU-a"} 24669591596\n'
     path = tmp_path / "dcgm.prom"
     path.write_text(full + full.replace("GPU-a", "GPU-b")[:-7])
@@ -323,3 +324,35 @@ def test_a_garbage_target_is_down_with_a_reason_and_its_errors_are_bounded_and_p
     assert store.count("ingest_errors") == MAX_ERRORS_PER_SCRAPE
     store.maintain(now[0] + 3 * 86400 * 10**9, Retention(raw_s=86400))
     assert store.count("ingest_errors") == 0
+
+
+# -- D2: the tailer saves only committed offsets ------------------------------------------------
+def test_tailer_saves_an_offset_only_after_the_store_committed_the_rows(tmp_path: Path) -> None:
+    # rows sit in the write queue after a poll: the saved offset must still be 0, so a kill -9
+    # now rereads them; after the writer's flush the next save holds the new offset
+    dump, state = tmp_path / "dump", tmp_path / "offsets.json"
+    dump.mkdir()
+    log = dump / "n0-pid1.log"
+    log.write_text("".join(_inspector(sn=i) + "\n" for i in range(5)))
+    sink, store = QueueSink(100), Store()
+    tailer = InspectorTailer(dump, state, sink)
+    assert tailer.poll().rows["collective_records"] == 5
+    assert str(log) not in load_state(state)  # nothing committed yet
+    writer = WriterThread(sink, store, flush_interval_s=60)
+    writer.start()
+    assert writer.flush_now()
+    tailer.poll()
+    assert load_state(state)[str(log)].offset == log.stat().st_size
+    # a store failure sends the file back to its committed offset: the lines are read again
+    with log.open("a") as fh:
+        fh.write(_inspector(sn=5) + "\n")
+    writer.stop()
+    store.close()
+    failing = QueueSink(100)
+    tailer.sink = failing
+    tailer.poll()
+    dead = WriterThread(failing, store, flush_interval_s=60)
+    dead.start()
+    dead.flush_now()
+    dead.stop()
+    assert tailer.files[str(log)].offset == load_state(state)[str(log)].offset < log.stat().st_size

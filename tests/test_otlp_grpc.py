@@ -116,6 +116,55 @@ def test_overloaded_sink_answers_unavailable() -> None:
         handle.stop(0)
 
 
+class SlowSink:
+    """A sink whose writes wait until released: exports pile up in flight."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.go = threading.Event()
+        self.rows = 0
+
+    def write(self, table: str, batch: object) -> int:
+        self.go.wait(10)
+        n = len(batch)  # type: ignore[arg-type]
+        self.rows += n
+        return n
+
+
+def test_exports_past_the_in_flight_cap_answer_unavailable_and_are_counted() -> None:
+    """Rule 7: 2 exports may be in flight; 6 more at once are refused with UNAVAILABLE (which
+    OTLP exporters retry) and counted, and the 2 in flight are stored once released."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sink, shed = SlowSink(), []
+    handle = start_grpc_receiver(sink, port=0, max_in_flight=2, on_shed=lambda: shed.append(1))  # type: ignore[arg-type]
+    body = to_protobuf(vllm_spans(3))
+
+    def call() -> str:
+        try:
+            _call(handle.port, body)
+            return "OK"
+        except grpc.RpcError as exc:
+            return exc.code().name  # type: ignore[attr-defined, no-any-return]
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            got = [pool.submit(call) for _ in range(8)]
+            deadline = 50
+            while len(shed) < 6 and deadline:
+                import time
+
+                time.sleep(0.1)
+                deadline -= 1
+            sink.go.set()
+            codes = sorted(f.result(timeout=20) for f in got)
+    finally:
+        handle.stop(0)
+    assert codes == ["OK", "OK"] + ["UNAVAILABLE"] * 6
+    assert len(shed) == 6 and sink.rows == 2 * 3
+
+
 def test_port_in_use_is_a_clear_error(receiver: GrpcReceiver, store: Store) -> None:
     with pytest.raises(RuntimeError, match=f"cannot listen on 127.0.0.1:{receiver.port}"):
         start_grpc_receiver(store, port=receiver.port)

@@ -64,6 +64,9 @@ def test_span_quantiles_are_the_observed_values_quantiles() -> None:
         assert ttft.quantiles_s[name] == pytest.approx(float(np.quantile(v["ttft"], q)), rel=1e-9)
     assert ttft.mean_s == pytest.approx(float(v["ttft"].mean()))
     assert not any(p.phase == "kv_transfer_s" for p in got.phases)  # no span carries it
+    # ... so the decomposition leaves it out rather than claiming a measured 0
+    assert "kv_transfer" not in got.ttft_decomposition and got.kv_transfer_share_of_ttft is None
+    assert {"queue", "prefill", "other", "ttft"} == set(got.ttft_decomposition)
 
 
 def test_ttft_decomposition_adds_up_and_names_the_kv_transfer_share() -> None:

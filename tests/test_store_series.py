@@ -15,7 +15,7 @@ import pytest
 
 from collector.formats.scrape import parse_scrape
 from collector.records import TABLES, batch
-from collector.store import NS_PER_MIN, Retention, Store
+from collector.store import NS_PER_MIN, SCHEMA_VERSION, Retention, Store
 from tests.conftest import DATA
 
 DCGM_K8S = "dcgm/h100x8_k8s_pod_labels.prom"
@@ -144,7 +144,7 @@ def test_a_wide_file_is_converted_with_every_row_unchanged(tmp_path: Path) -> No
     with Store(path, read_only=True) as old:  # read-only: read as it is, not converted
         assert _all(old.con, "gpu_samples") == before["gpu_samples"]
     store = Store(path)
-    assert store.schema_version() == 2
+    assert store.schema_version() == SCHEMA_VERSION
     kinds = dict(store.con.execute("SELECT table_name, table_type FROM information_schema.tables").fetchall())
     for table in RAW:
         assert kinds[table] == "VIEW"

@@ -76,7 +76,8 @@ function frame(title, xs, ys, opts) {
   const root = svg("svg", {viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "aria-label": title});
   let [x0, x1] = [Math.min(...xs), Math.max(...xs)];
   let [y0, y1] = [opts.yZero ? 0 : Math.min(...ys), Math.max(...ys)];
-  if (x1 === x0) x1 = x0 + 1;
+  // one x value: widen by a relative step (x0 + 1 is x0 itself for epoch nanoseconds in a double)
+  if (x1 === x0) x1 = x0 + (x0 === 0 ? 1 : Math.abs(x0) * 1e-9);
   if (y1 === y0) y1 = y0 + (y0 === 0 ? 1 : Math.abs(y0) * 0.1);
   const ny = niceTicks(y0, y1);
   [y0, y1] = [ny.lo, ny.hi];
@@ -338,9 +339,9 @@ function bySeries(rows, key, val, pick) {
 
 async function deploymentView(main, name) {
   const q = `window=${windowParam()}`, base = `/api/v1/deployments/${encodeURIComponent(name)}`;
-  const [env, lat, gpu, fab, strag] = await Promise.all([
+  const [env, lat, gpu, fab, strag, ph] = await Promise.all([
     api(`${base}/envelope?${q}`), api(`${base}/latency?${q}`), api(`${base}/gpu?${q}`),
-    api(`${base}/fabric?${q}`), api(`${base}/stragglers?${q}`)]);
+    api(`${base}/fabric?${q}`), api(`${base}/stragglers?${q}`), api(`${base}/phases?${q}`)]);
   const v = env.envelope;
   const head = el("div", {class: "verdict"}, el("h1", {}, name), zoneBadge(v.primary),
     v.label && v.label !== v.primary ? el("span", {class: "verdict-label"}, ` ${v.label}`) : "",
@@ -353,8 +354,7 @@ async function deploymentView(main, name) {
   const roomTable = table(["KV sequences left", "HBM BW left", "fabric left", "TTFT SLO margin", "ITL SLO margin"],
     [[fmt(room.kv_sequences_left), fmt(room.hbm_bandwidth_left_ratio), fmt(room.fabric_left_ratio),
       dur(room.ttft_slo_margin_s), dur(room.itl_slo_margin_s)]]);
-  const regr = table(["metric", "p99 now", "p99 baseline", "ratio", "verdict"],
-    env.regression.metrics.map(m => [m.metric, dur(m.now_s), dur(m.baseline_s), fmt(m.ratio), m.verdict]));
+  const regr = regressionView(env.regression);
   const tfmt = {xFmt: hhmm, yFmt: dur, step: lat.bin_s * 1e9, xLabel: "time (UTC)"};
   const gpuSeries = bySeries(gpu.series, "bin_start_ns", "mean", r => r.metric.replace("_ratio", ""));
   const linkSeries = bySeries(fab.links, "bin_start_ns", "mean", r => r.metric.replace("_bytes_per_s", ""))
@@ -366,6 +366,7 @@ async function deploymentView(main, name) {
     section("Latency (bucket estimates)", el("div", {class: "grid"},
       el("div", {id: "chart-ttft"}, lineChart("TTFT", latencySeries(lat, "ttft_seconds"), {...tfmt, yLabel: "TTFT"})),
       el("div", {id: "chart-itl"}, lineChart("ITL", latencySeries(lat, "itl_seconds"), {...tfmt, yLabel: "ITL"})))),
+    section("Request phases", el("div", {id: "phases"}, phasesView(ph))),
     section("GPU and fabric", el("div", {class: "grid"},
       el("div", {id: "chart-gpu"}, lineChart("GPU activity (mean over GPUs)", gpuSeries,
         {xFmt: hhmm, yZero: true, step: gpu.bin_s * 1e9, xLabel: "time (UTC)", yLabel: "active ratio (0–1)"})),
@@ -377,6 +378,67 @@ async function deploymentView(main, name) {
     section("Plan", el("div", {id: "plan"}, el("p", {class: "muted"}, "planning…"))));
   main.dataset.ready = "1";
   await planView(document.getElementById("plan"), base);
+}
+
+// Request phases: what TTFT is made of (means over the request spans, exact for the requests seen)
+// as one stacked bar, and each phase's quantiles labelled exact (spans) or bucket estimate.
+const PART_COLORS = {queue: "#8e44ad", prefill: "#2a7fd4", kv_transfer: "#d9534f", other: "#9aa3ad"};
+function pct(v) { return v === null || v === undefined ? "–" : `${Number((100 * v).toPrecision(3))} %`; }
+function ttftBar(d, parts) {
+  const W = 560, L = 8, R = 8, T = 22, H = 56, w = W - L - R;
+  const root = svg("svg", {viewBox: `0 0 ${W} ${H}`, class: "chart ttft-bar", role: "img",
+    "aria-label": "TTFT decomposition"});
+  const t = svg("text", {x: L, y: 14, class: "title"});
+  t.textContent = `Mean TTFT ${dur(d.ttft.mean_s)} (p99 ${dur(d.ttft.p99_s)}), from request spans`; root.append(t);
+  let x = L;
+  for (const k of parts) {
+    const share = Math.max(0, Math.min(1, d[k].share)), width = share * w;
+    const rect = svg("rect", {x: x.toFixed(1), y: T, width: Math.max(width, 0).toFixed(1), height: H - T - 6,
+      fill: PART_COLORS[k], class: "part", "data-part": k, "data-share": share});
+    const tip = svg("title", {}); tip.textContent = `${k}: ${dur(d[k].mean_s)} (${pct(share)})`; rect.append(tip);
+    root.append(rect);
+    if (width > 70) {
+      const lab = svg("text", {x: x + 4, y: T + 20, class: "tick part-label"});
+      lab.textContent = `${k} ${pct(share)}`; lab.setAttribute("fill", "#fff"); root.append(lab);
+    }
+    x += width;
+  }
+  return root;
+}
+function phasesView(ph) {
+  const d = ph.ttft_decomposition || {};
+  const parts = ["queue", "prefill", "kv_transfer", "other"].filter(k => d[k]);
+  const label = p => p.source === "spans" ? "exact (spans)" : "bucket estimate";
+  const quantiles = table(["phase", "p50", "p90", "p99", "mean", "requests", "source"],
+    ph.phases.map(p => [p.phase.replace(/_s$/, ""), dur(p.quantiles_s.p50), dur(p.quantiles_s.p90),
+      dur(p.quantiles_s.p99), dur(p.mean_s), fmt(p.count),
+      el("span", {class: "phase-source", "data-source": p.source}, label(p))]));
+  const shares = parts.length ? table(["part of TTFT", "mean", "share"],
+    parts.map(k => [k, dur(d[k].mean_s), pct(d[k].share)])) : "";
+  const kv = ph.kv_transfer_share_of_ttft;
+  return el("div", {class: "phases", "data-requests": ph.requests},
+    parts.length ? ttftBar(d, parts) : el("p", {class: "muted no-decomposition"}, "No TTFT decomposition: " + ph.note),
+    el("div", {class: "tables"}, shares, quantiles),
+    kv !== null && kv !== undefined ? el("p", {class: "small kv-share"},
+      `KV transfer is ${pct(kv)} of mean TTFT: in a disaggregated deployment, the network's part of the user's wait.`) : "",
+    el("p", {class: "muted small"}, parts.length
+      ? `${ph.requests} request spans; the bar splits mean TTFT (means add up, quantiles do not); ` +
+        "other = what the spans do not break down."
+      : ph.note));
+}
+
+// p99 regressions: the baseline actually compared with (and why, after a fallback), and the axes
+// that moved, the one that moved first marked.
+function regressionView(reg) {
+  const used = reg.baseline_mode_used || reg.baseline;
+  const rows = table(["metric", "p99 now", `p99 baseline (${used})`, "ratio", "verdict"],
+    reg.metrics.map(m => [m.metric, dur(m.now_s), dur(m.baseline_s), fmt(m.ratio), m.verdict]));
+  const moved = reg.axes.filter(a => a.moved).map(a =>
+    `${a.axis}${a.axis === reg.moved_first ? " (moved first)" : ""} ${a.change_ratio > 0 ? "+" : ""}${fmt(100 * a.change_ratio, 2)} %`);
+  return el("div", {class: "regression", "data-baseline": used},
+    rows,
+    moved.length ? el("p", {class: "small moved-axes"}, "axes moved: " + moved.join(", ")) : "",
+    reg.fallback_reason ? el("p", {class: "muted small fallback"}, `baseline ${used}: ${reg.fallback_reason}`) : "");
 }
 
 async function planView(box, base) {

@@ -12,6 +12,10 @@ Same mapping as OTLP/HTTP (:mod:`collector.formats.otlp_spans`). Rules:
      the OTLP specification); rows are de-duplicated on (trace_id, span_id) when retried.
   5. The server listens on ``host`` only (loopback by default); ``port=0`` picks a free port,
      reported by ``handle.port``.
+  7. At most ``max_in_flight`` exports are decoded and written at once; one more answers
+     ``UNAVAILABLE`` at once (retryable; nothing of it was acknowledged) and is counted through
+     ``on_shed``, so a flood queues in the exporters, not in this process. grpcio's own cap
+     (``maximum_concurrent_rpcs``, 4 × that) bounds the calls waiting for a thread.
   6. With a token configured (``token()`` not empty) a call needs ``authorization: Bearer
      <token>`` metadata, compared in constant time: none or a wrong one answers
      ``UNAUTHENTICATED`` and nothing is stored; a token file that cannot be read answers
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -44,11 +49,19 @@ SERVICE = trace_service_pb2.DESCRIPTOR.services_by_name["TraceService"].full_nam
 
 
 class SpanReceiver(TraceServiceServicer):
-    """``TraceService.Export`` over a :class:`~collector.sink.Sink` (rules 1, 3, 4, 6)."""
+    """``TraceService.Export`` over a :class:`~collector.sink.Sink` (rules 1, 3, 4, 6, 7)."""
 
-    def __init__(self, sink: Sink, token: Callable[[], str] | None = None):
+    def __init__(
+        self,
+        sink: Sink,
+        token: Callable[[], str] | None = None,
+        max_in_flight: int = 16,
+        on_shed: Callable[[], None] | None = None,
+    ):
         self.sink = sink
         self.token = token
+        self._slots = threading.BoundedSemaphore(max_in_flight)
+        self.on_shed = on_shed
 
     def _authorize(self, context: grpc.ServicerContext) -> None:
         """Rule 6."""
@@ -69,6 +82,16 @@ class SpanReceiver(TraceServiceServicer):
 
     def Export(self, request: Any, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         self._authorize(context)
+        if not self._slots.acquire(blocking=False):  # rule 7
+            if self.on_shed is not None:
+                self.on_shed()
+            context.abort(grpc.StatusCode.UNAVAILABLE, "receiver at its export cap, retry later")
+        try:
+            return self._export(request, context)
+        finally:
+            self._slots.release()
+
+    def _export(self, request: Any, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         try:
             req = decode_protobuf(request) if isinstance(request, bytes) else request
         except ParseError as exc:
@@ -120,16 +143,23 @@ def start_grpc_receiver(
     max_message_bytes: int = 64 * 1024 * 1024,
     workers: int = 4,
     token: Callable[[], str] | None = None,
+    max_in_flight: int = 16,
+    on_shed: Callable[[], None] | None = None,
 ) -> GrpcReceiver:
-    """Start the OTLP/gRPC receiver (rules 2, 5); raises ``RuntimeError`` if it cannot bind."""
+    """Start the OTLP/gRPC receiver (rules 2, 5, 7); raises ``RuntimeError`` if it cannot bind.
+
+    ``workers`` threads serve calls; at most ``max_in_flight`` of them decode and write at once."""
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
+        futures.ThreadPoolExecutor(
+            max_workers=max(workers, max_in_flight + 4), thread_name_prefix="otlp-grpc"
+        ),
+        maximum_concurrent_rpcs=4 * max(workers, max_in_flight + 4),
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
         ],
     )
-    servicer = SpanReceiver(sink, token)
+    servicer = SpanReceiver(sink, token, max_in_flight, on_shed)
     handler = grpc.unary_unary_rpc_method_handler(
         servicer.Export,
         request_deserializer=None,  # raw bytes: decoded by the servicer (rule 1)

@@ -146,7 +146,7 @@ def _analysis(config: Path | None, sets: list[str]) -> tuple[Any, dict[str, str]
     except SettingsError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
-    return settings.analysis, analysis_origins(config, sets=given)
+    return settings.thresholds(), analysis_origins(config, sets=given)
 
 
 def register(app: typer.Typer) -> None:
