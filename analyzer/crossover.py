@@ -174,7 +174,8 @@ def load_bins(
     *,
     rollup: bool = False,
 ) -> pl.DataFrame:
-    """Per-bin ``[bin, running, tokens_per_s, itl_p50_s, itl_p99_s, sm, dram]`` for rule 6 (a)-(c).
+    """Per-bin ``[bin, running, kv, tokens_per_s, itl_p50_s, itl_p99_s, sm, dram]`` for rule 6 (a)-(c)
+    and the envelope's ramp test (``kv``: mean KV usage over engines).
 
     ``rollup`` reads the per-minute ``*_1m`` tables (``bin_s`` should then be a multiple of 60).
     """
@@ -182,10 +183,12 @@ def load_bins(
     bin_ns = int(th.bin_s * NS)
     keys = list(dep.engine_keys)
     run = con.execute(
-        f"""SELECT b AS bin, sum(v) AS running FROM (
-               SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS b, {ENGINE_KEY_SQL} AS k, avg(value) AS v
+        f"""SELECT b AS bin, sum(v) FILTER (WHERE concept = 'requests_running') AS running,
+                  avg(v) FILTER (WHERE concept = 'kv_usage_ratio') AS kv FROM (
+               SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS b, {ENGINE_KEY_SQL} AS k, concept,
+                      avg(value) AS v
                FROM {table_sql("engine_gauges", rollup)} WHERE ts_ns > ? AND ts_ns <= ?
-                 AND concept = 'requests_running'
+                 AND concept IN ('requests_running', 'kv_usage_ratio')
                  AND list_contains(?, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY b""",
         [start_ns, bin_ns, start_ns, end_ns, keys],
     ).pl()

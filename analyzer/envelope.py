@@ -14,9 +14,10 @@ The rule (``th`` = the Thresholds in force; every number below is a field there)
     DRAM activity; engine KV usage, running, waiting; counter rates (preemptions, tokens);
     queue share of TTFT = mean queue time / mean TTFT (``_sum``/``_count`` counters); TTFT/ITL
     quantiles from histogram buckets (bucket estimates, reported as such). On a ramp (the last
-    quarter of ``bin_s`` bins runs ≥ ``ramp_min_ratio`` × the first quarter's requests) the GPU and
-    engine means are taken over the high-load bins (running ≥ the median bin), so a window is
-    judged at the load it reached, not diluted by its start.
+    quarter of ``bin_s`` bins runs ≥ ``ramp_min_ratio`` × the first quarter's requests, or its
+    KV usage is that many times higher: a pool filling up) the GPU and engine means are taken
+    from the first high-load bin (≥ the median bin) on, so a window is judged at the load it
+    reached, not diluted by its start (nor by a young store's warm-up).
  2. Each check is ``pass`` (threshold met), ``near`` (within ``near_fraction`` of it), ``fail``,
     or ``n/a`` (its source is missing or the window holds too little variation).
  3. compute: tensor ≥ ``compute_tensor_min_ratio``; SM ≥ ``compute_sm_min_ratio``, which counts
@@ -209,20 +210,29 @@ def gather(
 
 
 def _ramp_start(bins: pl.DataFrame, start_ns: int, th: Thresholds) -> int | None:
-    """Rule 1's ramp test: the start of the first high-load bin, or None for a steady window."""
-    if bins.is_empty() or "running" not in bins.columns:
+    """Rule 1's ramp test, on running requests and on KV usage (a KV pool filling up is load
+    building too): the start of the first high-load bin of the later-starting ramp, or None when
+    the window is steady."""
+    starts = [s for col in ("running", "kv") if (s := _ramp_of(bins, col, th)) is not None]
+    if not starts:
         return None
-    b = bins.drop_nulls(["running"]).sort("bin")
+    return start_ns + max(starts) * int(th.bin_s * NS)
+
+
+def _ramp_of(bins: pl.DataFrame, col: str, th: Thresholds) -> int | None:
+    if bins.is_empty() or col not in bins.columns:
+        return None
+    b = bins.drop_nulls([col]).sort("bin")
     n = b.height
     if n < 8:
         return None
-    run = b["running"].to_numpy()
+    v = b[col].to_numpy()
     q = max(n // 4, 1)
-    first, last = float(run[:q].mean()), float(run[-q:].mean())
-    if last < th.ramp_min_ratio * max(first, 1e-9) or last <= 0:
+    first, last = float(v[:q].mean()), float(v[-q:].mean())
+    if last <= 0 or last < th.ramp_min_ratio * max(first, 1e-9):
         return None
-    high = b.filter(pl.col("running") >= float(np.median(run)))
-    return start_ns + int(high["bin"].to_numpy().min()) * int(th.bin_s * NS)
+    high = b.filter(pl.col(col) >= float(np.median(v)))
+    return int(high["bin"].to_numpy().min())
 
 
 def _kv_transfer_share(

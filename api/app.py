@@ -58,7 +58,7 @@ from api.refresher import Refresher
 from api.verdicts import VerdictCollector
 from collector.sink import Sink
 from collector.store import Store, StoreError
-from ioe.settings import Settings
+from ioeconf.settings import Settings
 
 MAX_BODY_BYTES = 1 << 20  # REST bodies are small JSON documents (queries)
 CACHE_TTL_S = 10.0

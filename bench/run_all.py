@@ -22,6 +22,7 @@ MODULES = (
     "bench.bench_api",
     "bench.bench_lake",
     "bench.bench_import_memory",
+    "bench.bench_promsrc",
 )
 
 

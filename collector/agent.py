@@ -5,9 +5,12 @@ Start-up order: open the store (the only writer), start the writer thread, start
 stop the order reverses and the queue is drained into the store before it is closed, so a
 clean shutdown loses nothing that was accepted.
 
-With ``api_enabled: false`` the API is replaced by :class:`collector.health.HealthServer`
-(``/healthz``, ``/readyz``, ``/metrics`` only) and neither the web stack (FastAPI, uvicorn,
-pydantic's API models) nor the analysis refresher is imported: a collector-only agent.
+The server on the listen port is passed in: ``frontend`` (the caller's, e.g. :func:`api.agent.serve_api`,
+which ``ioe sidecar`` and ``ioe demo`` pass when ``api_enabled`` is true) is entered around the
+sources' run. Without one the agent serves :class:`collector.health.HealthServer` (``/healthz``,
+``/readyz``, ``/metrics`` only) and neither the web stack (FastAPI, uvicorn, pydantic's API
+models) nor the analysis refresher is imported: a collector-only agent. The collector itself
+never imports the API (tests/test_import_direction.py).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from collector.health import HealthServer
@@ -25,7 +29,7 @@ from collector.selfmetrics import SelfMetrics
 from collector.sidecar import Reader, Sidecar
 from collector.store import Retention, Store
 from collector.writer import DirectSink, QueueSink, WriterThread
-from ioe.settings import Settings
+from ioeconf.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,10 @@ log = logging.getLogger(__name__)
 # query found the pool full even after a checkpoint. Round 4's 16MB cap with 16,384-row groups ran
 # out of memory within the first 600 cycles of the same replay. bench/results/sidecar.md.
 COLLECTOR_MEMORY_LIMIT = "32MB"
+
+# What serves the listen port while the sources run: called with the agent once it runs, entered
+# before the sources start and left after they stop (the API: api.agent.serve_api).
+Frontend = Callable[["Agent"], AbstractAsyncContextManager[Any]]
 
 
 def open_store(settings: Settings, *, threads: int | None = None) -> Any:
@@ -70,8 +78,11 @@ def build_readers(settings: Settings) -> list[Reader]:
 class Agent:
     """Owns every moving part of one sidecar process."""
 
-    def __init__(self, settings: Settings, *, readers: list[Reader] | None = None):
+    def __init__(
+        self, settings: Settings, *, readers: list[Reader] | None = None, frontend: Frontend | None = None
+    ):
         self.settings = settings
+        self.frontend = frontend
         self.metrics = SelfMetrics()
         self.store = open_store(settings, threads=1)  # small batched inserts: one thread is cheapest
         self.metrics.watch_store(self.store)
@@ -91,17 +102,6 @@ class Agent:
         )
         # receivers acknowledge only what is committed (their clients retry what was not)
         self.direct = DirectSink(self.store, on_stored=self.metrics.stored)
-        self.app: Any = None
-        if settings.api_enabled:
-            from api.app import REFRESH_S, create_app
-
-            self.app = create_app(
-                settings,
-                self.store,
-                sink=self.direct,
-                refresh_s=REFRESH_S,
-                registries=[self.metrics.registry],
-            )
         self._grpc: Any = None
 
     def _dropped(self, table: str, rows: int) -> None:
@@ -114,37 +114,15 @@ class Agent:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.sidecar.stop)
         self._start_grpc()
-        if self.app is None:
-            await self._run_collector_only()
-            return
-        import uvicorn
-
-        from api.limits import server_options  # header/body read timeouts, connection cap
-
-        server = uvicorn.Server(
-            uvicorn.Config(
-                self.app,
-                host=self.settings.listen_host,
-                port=self.settings.listen_port,
-                log_level="warning",
-                lifespan="off",
-                timeout_graceful_shutdown=10,
-                **server_options(),
-            )
-        )
-        refresher = self.app.state.refresher  # the API's lifespan is off here: the agent runs it
-        refresher.start()
-        api_task = asyncio.create_task(server.serve(), name="api")
+        front = self._health() if self.frontend is None else self.frontend(self)
         try:
-            await self.sidecar.run(extra=self._extra_loops())
+            async with front:
+                await self.sidecar.run(extra=self._extra_loops())
         finally:
-            server.should_exit = True
-            with contextlib.suppress(Exception):
-                await api_task
-            await asyncio.to_thread(refresher.stop)
             self.close()
 
-    async def _run_collector_only(self) -> None:
+    @contextlib.asynccontextmanager
+    async def _health(self) -> AsyncIterator[None]:
         health = HealthServer(
             self.settings.listen_host,
             self.settings.listen_port,
@@ -153,10 +131,9 @@ class Agent:
         )
         health.start()
         try:
-            await self.sidecar.run(extra=self._extra_loops())
+            yield
         finally:
             await asyncio.to_thread(health.stop)
-            self.close()
 
     def _extra_loops(self) -> list[Callable[[], Any]]:
         # On DuckLake many sidecars share one store and rollups are not safe from two processes at

@@ -17,6 +17,9 @@ Rules:
 5. Rows the store refuses are isolated (:func:`collector.writer.isolate`): the other rows of
    the batch are kept, the refused ones are problems. A failure of the store itself (I/O,
    memory) stops the import with :class:`collector.store.StoreError`.
+6. ``progress``, when given, is called after each part a file writes, with the file, the rows
+   that file has stored so far and False, then once more with True when the file is done
+   (unrecognized files included, with 0 rows). It only observes: the import is the same.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import re
 import time
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -110,7 +113,16 @@ def why_unrecognized(name: str, head: bytes, formats: list[FileFormat]) -> str:
     return f"closest format {closest}: {missing}"
 
 
-def ingest_paths(store: Sink, paths: Iterable[str | Path], ctx: IngestContext | None = None) -> IngestReport:
+# rule 6: (file, rows stored from it so far, file done)
+Progress = Callable[[Path, int, bool], None]
+
+
+def ingest_paths(
+    store: Sink,
+    paths: Iterable[str | Path],
+    ctx: IngestContext | None = None,
+    progress: Progress | None = None,
+) -> IngestReport:
     """Parse every recognized file under ``paths`` and write its rows (see the module rules)."""
     ctx = ctx or IngestContext(ts_ns=0)
     formats = file_formats()
@@ -121,12 +133,19 @@ def ingest_paths(store: Sink, paths: Iterable[str | Path], ctx: IngestContext | 
             stamp = ctx.ts_ns or path.stat().st_mtime_ns
         except OSError as exc:  # unreadable: named, and the other files go on
             report.problems.append(Problem(str(path), f"cannot read ({exc})"))
+            if progress:
+                progress(path, 0, True)
             continue
         if fmt is None:
             _unrecognized(store, path, formats, report)
+            if progress:
+                progress(path, 0, True)
             continue
-        _FileImport(store, path, report).run(fmt, replace(ctx, ts_ns=stamp, name=name))
+        one = _FileImport(store, path, report, progress)
+        one.run(fmt, replace(ctx, ts_ns=stamp, name=name))
         report.files[fmt.name] += 1
+        if progress:
+            progress(path, one.stored, True)
     return report
 
 
@@ -143,9 +162,9 @@ def _unrecognized(store: Sink, path: Path, formats: list[FileFormat], report: In
 class _FileImport:
     """One file's import: its parts written as they come, its problems bounded (rules 1-5)."""
 
-    def __init__(self, store: Sink, path: Path, report: IngestReport):
-        self.store, self.path, self.report = store, path, report
-        self.lines = self.bad = self.listed = self.unlisted = 0
+    def __init__(self, store: Sink, path: Path, report: IngestReport, progress: Progress | None = None):
+        self.store, self.path, self.report, self.progress = store, path, report, progress
+        self.lines = self.bad = self.listed = self.unlisted = self.stored = 0
 
     def run(self, fmt: FileFormat, ctx: IngestContext) -> None:
         parts = fmt.stream(self.path, ctx) if fmt.stream else None
@@ -168,9 +187,13 @@ class _FileImport:
     def write(self, parsed: Parsed) -> None:
         self.lines += parsed.lines
         for table, rows in parsed.batches.items():
-            self.report.rows[table] += self.rows(table, rows)
+            n = self.rows(table, rows)
+            self.report.rows[table] += n
+            self.stored += n
         if parsed.problems:
             self.problems(parsed.problems)
+        if self.progress:
+            self.progress(self.path, self.stored, False)
 
     def rows(self, table: str, rows: object) -> int:
         """Rule 5: the rows the store takes; the ones it refuses become problems."""

@@ -63,7 +63,7 @@ from collector.records import REPLACE_TABLES, TABLES, Table
 from collector.store import MIGRATIONS, NS_PER_MIN, SCHEMA_VERSION, Retention, RowCounts, Store, StoreError
 
 if TYPE_CHECKING:
-    from ioe.settings import Settings
+    from ioeconf.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,44 @@ def connect_lake(cfg: LakeConfig) -> duckdb.DuckDBPyConnection:
     except duckdb.Error:
         con.close()
         raise
+    return con
+
+
+def open_lake_readonly(catalog_dsn: str, data_path: str = "") -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with the lake attached read-only as ``lake`` (``USE`` done), then
+    closed to everything else, for ``ioe query`` and ``ioe analyze``.
+
+    1. ``READ_ONLY``: no statement can change the lake (DuckDB refuses INSERT, DELETE, CREATE …).
+    2. After the attach, external access is switched off and the configuration locked, as for an
+       embedded store (:func:`collector.readonly.open_readonly`): no file, URL or glob reads, no
+       further ``ATTACH``, ``COPY``, ``INSTALL`` or ``LOAD``, except under the lake's data path
+       (``allowed_directories``), which DuckDB must read to answer. The catalog connection itself
+       stays reachable through the postgres extension's table functions (``postgres_query``), so
+       statements run here must also be checked (``ioe query`` uses :func:`api.query.run_query`,
+       which allows only the store's tables and generator functions).
+    3. ``data_path`` may be empty: the lake's catalog records where its data is, and that is used.
+    Raises :class:`LakeError` naming the catalog when it cannot be attached.
+    """
+    ext = extension_dir()
+    con = duckdb.connect(config={"autoload_known_extensions": False, "autoinstall_known_extensions": False})
+    try:
+        for name in _EXTENSIONS.values():
+            con.execute(f"LOAD '{ext / (name + '.duckdb_extension')}'")
+        dsn = catalog_dsn.replace("'", "''")
+        data = f"DATA_PATH '{data_path.replace(chr(39), chr(39) * 2)}', " if data_path else ""
+        con.execute(f"ATTACH 'ducklake:postgres:{dsn}' AS {LAKE} ({data}READ_ONLY)")
+        con.execute(f"USE {LAKE}")
+        where = con.execute(
+            f"SELECT value FROM __ducklake_metadata_{LAKE}.ducklake_metadata WHERE key = 'data_path'"
+        ).fetchone()
+        allowed = [p for p in {data_path, where[0] if where else ""} if p]
+        con.execute("SET allowed_directories = ?", [allowed])
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    except duckdb.Error as exc:
+        con.close()
+        why = " ".join(str(exc).split())
+        raise LakeError(f"lake {catalog_dsn!r}: cannot attach it read-only ({why})") from exc
     return con
 
 

@@ -51,14 +51,20 @@ def run_readonly_query(
     path: str | Path, sql: str, *, max_rows: int = 10_000, timeout_s: float = 10.0, max_bytes: int = MAX_BYTES
 ) -> pl.DataFrame:
     """Run one statement read-only; at most ``max_rows`` rows, interrupted after ``timeout_s``."""
-    text = sql.strip().rstrip(";")
-    if not text:
-        raise ReadOnlyQueryError("empty query")
+    text = statement_text(sql)
     try:
         con = open_readonly(path)
     except duckdb.Error as exc:
         raise ReadOnlyQueryError(f"cannot open store {path}: {exc}") from exc
     return run_on(con, text, max_rows=max_rows, timeout_s=timeout_s, max_bytes=max_bytes, close=True)
+
+
+def statement_text(sql: str) -> str:
+    """``sql`` without surrounding blanks and a trailing ``;``; an empty query is refused."""
+    text = sql.strip().rstrip(";")
+    if not text:
+        raise ReadOnlyQueryError("empty query")
+    return text
 
 
 def _rss_bytes() -> int:

@@ -16,6 +16,9 @@ Rules:
    samples are still stored.
 5. Health of every source is written to ``targets`` after each attempt and exported as
    ``ioe_target_up`` and friends on the sidecar's own ``/metrics``.
+7. A ``prometheus_sources`` entry with ``follow: true`` is polled like a target (its own task,
+   backoff and health row); a failed poll leaves its range to be asked for again
+   (:class:`collector.sources.prometheus_api.Follower`).
 """
 
 from __future__ import annotations
@@ -36,10 +39,11 @@ from collector.formats.scrape import ScrapeCache, parse_scrape, replay_scrape
 from collector.rates import CounterRates
 from collector.records import batch
 from collector.selfmetrics import SelfMetrics
+from collector.sink import Overloaded
 from collector.sources.http_client import HttpClient
 from collector.sources.http_scraper import Health, ScrapeError, fetch, next_delay
 from collector.writer import QueueSink
-from ioe.settings import DeploymentSpec, Settings, TargetSpec
+from ioeconf.settings import DeploymentSpec, PrometheusSourceSpec, Settings, TargetSpec
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +107,11 @@ class Sidecar:
             tasks += [
                 asyncio.create_task(self._reader_loop(r), name=f"reader:{r.name}") for r in self.readers
             ]
+            tasks += [
+                asyncio.create_task(self._prometheus_loop(p), name=f"prometheus:{p.name}")
+                for p in self.settings.prometheus_sources
+                if p.follow
+            ]
             tasks += [asyncio.create_task(make(), name="extra") for make in extra or []]
             await self._stop.wait()
             for task in tasks:
@@ -165,6 +174,34 @@ class Sidecar:
             rates = self._rates.setdefault(source, CounterRates())
             parsed.batches["engine_samples"] = rates.apply(engine)
         return parsed
+
+    # -- Prometheus-compatible APIs in follow mode ----------------------------------------------
+    async def _prometheus_loop(self, spec: PrometheusSourceSpec) -> None:
+        """Poll the newest range of one API every ``interval_s`` (prometheus_api.Follower rules);
+        rows go through the same queue, health to ``targets`` under the source's name."""
+        from collector.sources.prometheus_api import Follower, PromApi, PrometheusError, from_spec
+
+        state = self.states.setdefault(spec.name, SourceState(spec.name, "prometheus", spec.url, spec.host))
+        follower: Follower | None = None
+        while True:
+            ts_ns, t0 = self.clock(), time.monotonic()
+            try:
+                if follower is None:
+                    endpoint, mapping = from_spec(spec)
+                    follower = Follower(
+                        PromApi(endpoint), mapping, self.sink, since_s=spec.since_s, lag_s=spec.lag_s
+                    )
+                progress = await asyncio.to_thread(follower.poll, ts_ns)
+                stored = sum(progress.rows.values())
+                self._record(state, ts_ns, time.monotonic() - t0, samples=stored)
+            except (PrometheusError, Overloaded) as exc:  # the range is asked for again next time
+                self._record(state, ts_ns, time.monotonic() - t0, error=str(exc)[:500])
+            except Exception as exc:
+                log.exception("prometheus source %s: poll failed", spec.name)
+                self._record(state, ts_ns, time.monotonic() - t0, error=f"poll failed: {exc}"[:500])
+            delay = next_delay(spec.interval_s, state.health.consecutive_failures, self.rng)
+            if not await self.pause(delay - (time.monotonic() - t0)):
+                return
 
     # -- device readers ---------------------------------------------------------------------
     async def _reader_loop(self, reader: Reader) -> None:

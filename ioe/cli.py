@@ -1,16 +1,21 @@
 """The ``ioe`` command. Each sub-command lives in its own module under :mod:`ioe.commands`.
 
 A module there defines ``register(app: typer.Typer) -> None``; every such module is found and
-registered here, so adding a command never means editing this file.
+registered here. A new command is its module plus its row in :mod:`ioe.commands._index`
+(tests/test_cli_startup.py fails until the row matches), never an edit of this file.
 
-Rule: ``ioe NAME …`` where ``ioe/commands/NAME.py`` exists registers that module alone (``-``
-read as ``_``), so a long-running command carries only its own imports: ``ioe sidecar`` would
-otherwise load every analysis module (numpy and the analyzer: +13 MB resident for its whole
-life). ``ioe --version`` registers none. Anything else (``ioe --help``, ``ioe ingest``) registers
-every module. ``ioe.cli.app`` imported from Python is always the complete application.
+Rules:
+  1. ``ioe NAME …`` registers only the module that defines NAME (:data:`ioe.commands._index.COMMANDS`),
+     so a command carries only its own imports: ``ioe sidecar`` would otherwise load every
+     analysis module (numpy and the analyzer: +13 MB resident for its whole life).
+  2. ``ioe``, ``ioe --help`` and ``ioe -h`` list the commands from that index without importing any
+     command module (nor polars, DuckDB, numpy, pyarrow or the web stack); ``ioe --version``
+     registers none. Both take what importing typer takes (bench/bench_startup.py).
+  3. Anything else (an unknown command, a misplaced option) registers every module, so the error
+     is typer's own. ``ioe.cli.app`` imported from Python is always the complete application.
 
-``-h`` is ``--help`` everywhere; ``--version`` prints ``ioe <version>`` (the installed
-distribution's version, or the checkout's pyproject version: :func:`api.openapi.package_version`).
+Help is plain text (click's layout, no rich panels). ``-h`` is ``--help`` everywhere;
+``--version`` prints ``ioe <version>`` (:func:`api.openapi.package_version`).
 """
 
 from __future__ import annotations
@@ -19,18 +24,44 @@ import importlib
 import logging
 import pkgutil
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+from typer.core import TyperGroup
 
 import ioe.commands
+from ioe.commands._index import COMMANDS
+
+if TYPE_CHECKING:
+    from typer._click import Context, HelpFormatter  # typer's own click (typer 0.2x vendors it)
+
+
+class _Group(TyperGroup):
+    """The root group; its command list shows each command's first help paragraph in full,
+    wrapped (click's plain layout cuts it to one line ending in "...")."""
+
+    def format_commands(self, ctx: Context, formatter: HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                text = (cmd.short_help or cmd.help or "").split("\n\n")[0]
+                rows.append((name, " ".join(text.split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
 
 _app = typer.Typer(
     name="ioe",
+    cls=_Group,
     help="Inference Operating Envelope analyzer: which wall each LLM inference deployment is against.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # plain help and usage errors: rendering them with rich imports rich and markdown-it, which
+    # took more than the rest of `ioe --help` together (bench/bench_startup.py)
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 _registered: set[str] = set()
@@ -69,13 +100,27 @@ def _register(names: list[str]) -> typer.Typer:
     return _app
 
 
+def _listing() -> typer.Typer:
+    """The application with a placeholder per command carrying its indexed help (rule 2): enough
+    for the root help, which never runs a command."""
+    for name, _, text in COMMANDS:
+        _app.command(name, help=text)(_placeholder)
+    return _app
+
+
+def _placeholder() -> None:  # never invoked: only the root help is printed from the listing
+    raise typer.Exit(2)
+
+
 def _for_argv(argv: list[str]) -> typer.Typer:
-    """The application with just the invoked command's module, or with all of them (rule)."""
-    if argv[1:] == ["--version"]:
+    """The application with just the invoked command's module, the listing, or everything (rules)."""
+    args = argv[1:]
+    if args == ["--version"]:
         return _app
-    wanted = argv[1].replace("-", "_") if len(argv) > 1 else ""
-    modules = _modules()
-    return _register([wanted] if wanted in modules and not wanted.startswith("_") else modules)
+    if args in ([], ["--help"], ["-h"]):
+        return _listing()
+    module = {name: module for name, module, _ in COMMANDS}.get(args[0])
+    return _register([module] if module else _modules())
 
 
 def __getattr__(name: str) -> Any:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from analyzer.thresholds import Thresholds
+from api.agent import serve_api
 from collector.agent import Agent
 from ioe.report import demo_report, render_report
 from ioe.settings import DeploymentSpec, NodeReaders, Settings, TargetSpec
@@ -67,7 +68,7 @@ async def run_demo(
     port = port or free_port()
     sim = Simulation(demo_deployments(surge_at_s=warmup_s * 0.6), otlp_endpoint=f"http://127.0.0.1:{port}/v1/traces",
                      inspector_dir=str(workdir / "nccl"))  # fmt: skip
-    agent = Agent(demo_settings(sim, workdir, port))
+    agent = Agent(demo_settings(sim, workdir, port), frontend=serve_api)
     echo(f"ioe demo: {len(sim.deployments)} simulated deployments, "
          f"{sum(len(d.gpus) for d in sim.deployments)} GPUs; store {agent.settings.store_path}")  # fmt: skip
     echo(f"ioe demo: page and API at http://127.0.0.1:{port}/  (Ctrl-C stops)")

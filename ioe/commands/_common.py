@@ -151,3 +151,52 @@ def _snapshot(path: Path, tmp: Path, pid: str, command: str) -> Path:
     why = " ".join(str(problem).split())
     fail(f"{command}: store {path} is in use by PID {pid} and no consistent snapshot could be read "
          f"({why}); query it through that process's API (/api/v1/query)")  # fmt: skip
+
+
+@contextmanager
+def read_connection(
+    command: str, store: Path | None, config: Path | None, lake_dsn: str | None, lake_data: str | None
+) -> Iterator[tuple[Any, bool]]:
+    """(a read-only DuckDB connection on the store a read command names, True when it is a
+    lake), closed afterwards; or exit 2 with one line.
+
+    1. ``--lake-dsn`` (with ``--lake-data``, optional: the catalog knows its data path): the
+       DuckLake fleet store, attached read-only (:func:`collector.lake.open_lake_readonly`).
+    2. ``--store FILE``: that file, read as :func:`readable_store` reads it (a snapshot while a
+       writer holds it).
+    3. Neither, with ``--config``: the store that config names (``store_backend: ducklake`` with
+       its ``lake_catalog_dsn`` and ``lake_data_path``, else its ``store_path``).
+    4. Neither and no config, or both ``--store`` and ``--lake-dsn``: a usage error.
+    """
+    if store is not None and lake_dsn:
+        fail(f"{command}: give --store FILE or --lake-dsn DSN, not both")
+    if store is None and not lake_dsn and config is not None:  # rule 3
+        settings = settings_or_exit(config)
+        if settings.store_backend == "ducklake":
+            if not settings.lake_catalog_dsn:
+                fail(f"{command}: config {config} names store_backend ducklake but no lake_catalog_dsn")
+            lake_dsn, lake_data = settings.lake_catalog_dsn, settings.lake_data_path
+        else:
+            store = Path(settings.store_path)
+    if lake_dsn:  # rule 1
+        from collector.lake import LakeError, open_lake_readonly
+
+        try:
+            con = open_lake_readonly(lake_dsn, lake_data or "")
+        except LakeError as exc:
+            fail(f"{command}: {exc}")
+        try:
+            yield con, True
+        finally:
+            con.close()
+        return
+    if store is None:  # rule 4
+        fail(f"{command}: name a store: --store FILE, --lake-dsn DSN (DuckLake), or --config FILE")
+    from collector.readonly import open_readonly
+
+    with readable_store(command, store) as path:  # rule 2
+        con = open_readonly(path)
+        try:
+            yield con, False
+        finally:
+            con.close()

@@ -1,10 +1,12 @@
 """``ioe analyze``: zones, evidence, Cp, headroom and p99 regressions per deployment.
 
-``ioe analyze --store FILE [--deployment D] [--window 15m] [--at TIME] [--json]``. The command is a
-typer group (``invoke_without_command``) so sub-commands such as ``ioe analyze stragglers`` can be
-added beside the default report. It opens the store read-only (a snapshot of it while a running
-sidecar or ``ioe serve`` holds it: :func:`ioe.commands._common.readable_store`) and prints; the
-analysis itself is :func:`analyzer.report.build_report` (the same objects the API serves).
+``ioe analyze --store FILE [--deployment D] [--window 15m] [--at TIME] [--json]``, or
+``--lake-dsn DSN [--lake-data PATH]`` (or ``--config`` naming ``store_backend: ducklake``) for the
+DuckLake fleet store. The command is a typer group (``invoke_without_command``) so sub-commands
+such as ``ioe analyze stragglers`` can be added beside the default report. It opens the store
+read-only (a snapshot of a file while a running sidecar or ``ioe serve`` holds it; a lake attached
+read-only: :func:`ioe.commands._common.read_connection`) and prints; the analysis itself is
+:func:`analyzer.report.build_report` (the same objects the API serves).
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ import typer
 
 from analyzer.deployments import find_deployment, list_deployments
 from analyzer.report import build_report, latest_ns
-from collector.readonly import open_readonly
-from ioe.commands._common import fail, readable_store
+from ioe.commands._common import fail, read_connection
 
 NS = 1_000_000_000
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -81,7 +82,13 @@ def analyze(
         None, "--at", help="Window end: Unix seconds or ISO-8601 (default: latest)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    config: Path | None = typer.Option(None, "--config", help="Config file whose analysis: block applies."),
+    config: Path | None = typer.Option(
+        None, "--config", help="Config file: its analysis: block, and its store when none is named."
+    ),
+    lake_dsn: str | None = typer.Option(None, "--lake-dsn", help="DuckLake catalog (libpq DSN) to read."),
+    lake_data: str | None = typer.Option(
+        None, "--lake-data", help="DuckLake data path (default: the catalog's)."
+    ),
     sets: list[str] = typer.Option(
         [], "--set", help="An analysis setting, FIELD=VALUE (repeatable), e.g. --set bin_s=30."
     ),
@@ -96,33 +103,27 @@ def analyze(
     if explain:
         for name, value in th.model_dump().items():
             typer.echo(f"{name} = {value}  ({origins[name]})")
-        if store is None:
+        if store is None and not lake_dsn:
             return
-    if store is None:
-        raise typer.BadParameter("--store is required", param_hint="--store")
     window_s = parse_duration(window)
-    with readable_store("ioe analyze", store) as path:  # a live writer's store: a snapshot
-        report = _report(path, store, deployment, window_s, at, th)
+    with read_connection("ioe analyze", store, config, lake_dsn, lake_data) as (con, _):
+        report = _report(con, str(store or lake_dsn or config), deployment, window_s, at, th)
     typer.echo(json.dumps(report, indent=2, default=str) if as_json else _text(report))
 
 
 def _report(
-    path: Path, store: Path, deployment: str | None, window_s: float, at: str | None, th: Any
+    con: Any, store: str, deployment: str | None, window_s: float, at: str | None, th: Any
 ) -> dict[str, Any]:
-    con = open_readonly(path)
+    end_ns = parse_time(at) if at else latest_ns(con)
+    if end_ns is None:
+        typer.echo(f"store {store}: no engine or GPU samples to analyze", err=True)
+        raise typer.Exit(1)
     try:
-        end_ns = parse_time(at) if at else latest_ns(con)
-        if end_ns is None:
-            typer.echo(f"store {store}: no engine or GPU samples to analyze", err=True)
-            raise typer.Exit(1)
-        try:
-            since = end_ns - int(window_s * NS)
-            deps = [find_deployment(con, deployment, since)] if deployment else list_deployments(con, since)
-        except KeyError as exc:
-            fail(f"ioe analyze: {exc.args[0]}")
-        return build_report(con, deps, end_ns, window_s, th)
-    finally:
-        con.close()
+        since = end_ns - int(window_s * NS)
+        deps = [find_deployment(con, deployment, since)] if deployment else list_deployments(con, since)
+    except KeyError as exc:
+        fail(f"ioe analyze: {exc.args[0]}")
+    return build_report(con, deps, end_ns, window_s, th)
 
 
 def _analysis(config: Path | None, sets: list[str]) -> tuple[Any, dict[str, str]]:

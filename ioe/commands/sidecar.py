@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from ioe.commands._common import bind_or_exit, exposure_or_exit, fail, settings_or_exit, store_problem
+
+if TYPE_CHECKING:
+    from collector.agent import Frontend
 
 COMMAND = "ioe sidecar"
 
@@ -40,7 +44,7 @@ def sidecar(
     if settings.otlp.grpc_port:
         bind_or_exit(COMMAND, settings.listen_host, settings.otlp.grpc_port, keep=False)
     try:
-        agent = Agent(settings)
+        agent = Agent(settings, frontend=_api_frontend() if settings.api_enabled else None)
     except (StoreError, duckdb.Error) as exc:  # rule 2
         fail(f"{COMMAND}: {store_problem(settings.store_path, exc)}")
     typer.echo(
@@ -52,6 +56,14 @@ def sidecar(
         asyncio.run(agent.run())
     except KeyboardInterrupt:  # rule 3
         raise typer.Exit(0) from None
+
+
+def _api_frontend() -> Frontend:
+    """The API (``api_enabled: true``); imported only then, so a collector-only agent never loads
+    the web stack."""
+    from api.agent import serve_api
+
+    return serve_api
 
 
 def register(app: typer.Typer) -> None:

@@ -10,9 +10,9 @@ import typer
 
 from collector.formats import IngestContext
 from collector.ingest import ingest_paths
-from collector.readonly import ReadOnlyQueryError, run_readonly_query
+from collector.readonly import ReadOnlyQueryError, run_on, statement_text
 from collector.store import Store, StoreError
-from ioe.commands._common import readable_store
+from ioe.commands._common import read_connection
 
 
 def ingest(
@@ -25,12 +25,23 @@ def ingest(
         help="Capture time (Unix seconds) for inputs without timestamps (default: each file's mtime).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    progress: bool | None = typer.Option(
+        None,
+        "--progress/--no-progress",
+        help="Progress bar on stderr (default: on a terminal, once an import runs over 2 s).",
+    ),
 ) -> None:
     """Import captured files (format detected from content) and print rows stored per table."""
+    from ioe.progress import IngestProgress
+
     ctx = IngestContext(ts_ns=int(ts * 1e9) if ts else 0, host=host, source="ingest", ts_given=bool(ts))
     try:
-        with Store(store) as st:
-            report = ingest_paths(st, paths, ctx)
+        bar = IngestProgress(paths, forced=progress)
+        try:
+            with Store(store) as st:
+                report = ingest_paths(st, paths, ctx, progress=bar if bar.enabled else None)
+        finally:
+            bar.close()
     except (FileNotFoundError, StoreError) as exc:
         typer.echo(f"ioe ingest: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -61,16 +72,29 @@ def ingest(
 
 def query(
     sql: str = typer.Argument(..., help="One read-only SQL statement."),
-    store: Path = typer.Option(..., "--store", help="DuckDB store file."),
+    store: Path | None = typer.Option(None, "--store", help="DuckDB store file."),
     fmt: str = typer.Option("csv", "--format", help="csv or json"),
     limit: int = typer.Option(10_000, "--limit", help="Most rows returned."),
+    config: Path | None = typer.Option(
+        None, "--config", help="Config file naming the store (e.g. a DuckLake)."
+    ),
+    lake_dsn: str | None = typer.Option(None, "--lake-dsn", help="DuckLake catalog (libpq DSN) to read."),
+    lake_data: str | None = typer.Option(
+        None, "--lake-data", help="DuckLake data path (default: the catalog's)."
+    ),
 ) -> None:
     """Run read-only SQL over a store and print the result as CSV or JSON."""
     if fmt not in ("csv", "json"):
         raise typer.BadParameter("--format must be csv or json")
     try:
-        with readable_store("ioe query", store) as path:  # a live writer's store: a snapshot
-            result = run_readonly_query(path, sql, max_rows=limit)
+        # a live writer's store file: a snapshot; a DuckLake: attached read-only
+        with read_connection("ioe query", store, config, lake_dsn, lake_data) as (con, lake):
+            if lake:  # the catalog is reachable from this connection: the API's checked statements
+                from api.query import run_query
+
+                result = run_query(con, sql, max_rows=limit, timeout_s=10.0)
+            else:
+                result = run_on(con, statement_text(sql), max_rows=limit, timeout_s=10.0)
     except ReadOnlyQueryError as exc:
         typer.echo(f"query refused: {exc}", err=True)
         raise typer.Exit(2) from exc

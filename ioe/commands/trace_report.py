@@ -12,22 +12,25 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
 import typer
 
-from analyzer import hta
-from analyzer.collectives import collectives_of, instances, rank_waits
-from collector.formats import IngestContext
-from collector.ingest import IngestReport, ingest_paths
-from collector.records import TABLES
-from collector.store import MemorySink
+if TYPE_CHECKING:
+    import polars as pl
+
+    from collector.ingest import IngestReport
 
 
 def parsed_frames(paths: list[Path]) -> tuple[dict[str, pl.DataFrame], IngestReport]:
     """Every file under ``paths`` parsed (format detection and refusals as ``ioe ingest``), one
     frame per table with natural-key duplicates dropped (first wins, like the store)."""
+    # imported here: `ioe trace-report --help` and the other commands never load polars for it
+    from collector.formats import IngestContext
+    from collector.ingest import ingest_paths
+    from collector.records import TABLES
+    from collector.store import MemorySink
+
     sink = MemorySink()
     ctx = IngestContext(ts_ns=time.time_ns(), source="trace-report")
     report = ingest_paths(sink, paths, ctx)
@@ -41,6 +44,9 @@ def parsed_frames(paths: list[Path]) -> tuple[dict[str, pl.DataFrame], IngestRep
 
 def report(paths: list[Path], include_last_step: bool = False) -> dict[str, Any]:
     """Breakdowns and arrival skew per trace set of the Kineto traces under ``paths``."""
+    from analyzer import hta
+    from analyzer.collectives import collectives_of, instances, rank_waits
+
     tables, ingest = parsed_frames(paths)
     out: dict[str, Any] = {"problems": [str(p) for p in ingest.problems], "sets": {}}
     events = tables.get("kernel_events")
