@@ -47,6 +47,12 @@ Rules (REFERENCE §5), per GPU of the most loaded pipeline stage:
   8. The live model has no term for a benchmark's harness (its opening burst, its repeated
      prompts, a closed loop's slot handoff): those belong to the harness model in
      ``bench/closed_loop.py``, used only to compare with benchmark rows.
+  9. MoE terms: (a) routed-expert GEMMs are padded to the kernels' M-tile per expert, so an
+     expert receiving few tokens costs a whole tile (:func:`expert_gemm_efficiency`); (b) the
+     EP all-to-all reaches same-node ranks over NVLink and the others over the NIC, side by side
+     (:func:`alltoall_time`); (c) attention-DP ranks are dispatched round-robin and the step
+     waits for the busiest one's attention and KV (:func:`attention_dp_share`), while a prompt
+     runs whole on one attention rank. None of these is fitted.
 """
 
 from __future__ import annotations
@@ -260,8 +266,10 @@ def touched_weight_bytes(s: Setup, tokens: int) -> float:
     return full - all_local + layers * hit * expert_b
 
 
-def compute_time(s: Setup, tokens: int, ctx_tokens: float, causal_prefill: bool) -> float:
-    """GEMM + attention FLOPs of ``tokens`` tokens on one GPU over their dense peaks × mfu (notes 1-2).
+def compute_time(
+    s: Setup, tokens: int, ctx_tokens: float, causal_prefill: bool, rank_share: float | None = None
+) -> float:
+    """GEMM + attention FLOPs of ``tokens`` tokens on one GPU over their dense peaks × mfu (notes 1-2, 9).
 
     1. GEMMs run at the weights' precision. A prompt token skips the LM head (the engines compute
        logits only at the positions they sample), so prefill multiplies through the active
@@ -270,17 +278,70 @@ def compute_time(s: Setup, tokens: int, ctx_tokens: float, causal_prefill: bool)
        keeps an FP8 cache — never at FP4, whatever the weights are.
     3. Prompt tokens are the tail of their prompt that the prefix cache missed: they attend, on
        average, to (1 + prefix_hit) / 2 of ``ctx_tokens`` (the prompt length).
+    4. Attention-DP: the non-expert GEMMs and attention of the tokens run on the attention rank
+       that holds their sequence, ``rank_share`` of them on the busiest one (a prompt: all of it;
+       decodes: :func:`attention_dp_share`); routed-expert GEMMs are spread over the EP ranks and
+       run at :func:`expert_gemm_efficiency` of the tokens each expert receives.
     """
     m, lay = s.model, s.layout
     params = m.active_params() - (m.vocab * m.hidden if causal_prefill else 0)
-    gemm = 2 * params * tokens / (lay.tp * lay.pp)
+    routed = m.moe_layers * m.top_k * m.expert_params() * s.stage_layers / m.layers
     span = ctx_tokens * (1 + s.eff.prefix_hit) / 2 if causal_prefill else ctx_tokens
-    # TP splits the heads, attention-DP splits the sequences: either way 1/TP of the work per GPU.
-    attn = 4 * s.stage_layers * tokens * span * m.heads * m.head_dim / lay.tp
+    attn = 4 * s.stage_layers * tokens * span * m.heads * m.head_dim
     e, kv = s.eff, s.kv_precision
-    return gemm / (s.gpu.peak_flops(s.precision) * e.mfu_at(s.precision)) + attn / (
-        s.gpu.peak_flops(kv) * e.mfu_at(kv)
-    )
+    peak = s.gpu.peak_flops(s.precision) * e.mfu_at(s.precision)
+    shard = lay.ep if lay.ep > 1 else lay.tp  # experts split over EP ranks, else each TP-sliced
+    expert = 2 * routed * tokens / (shard * peak * expert_gemm_efficiency(s, tokens))
+    if lay.attention_dp:
+        share = rank_share if rank_share is not None else 1.0 / lay.tp
+        dense = 2 * (params / lay.pp - routed) * tokens * share / peak
+        return dense + expert + attn * share / (s.gpu.peak_flops(kv) * e.mfu_at(kv))
+    dense = 2 * (params / lay.pp - routed) * tokens / (lay.tp * peak)
+    return dense + expert + attn / lay.tp / (s.gpu.peak_flops(kv) * e.mfu_at(kv))
+
+
+# Grouped (MoE) GEMMs issue their tensor-core work in M-tiles: Hopper's warpgroup MMA computes
+# 64 rows at a time (PTX ISA, wgmma.mma_async shapes m64nNk16), and the fused-MoE kernels of
+# vLLM/SGLang/TRT-LLM pad each expert's tokens to their tile (vLLM
+# ``moe_align_block_size``: each expert's token count rounded up to BLOCK_SIZE_M, 16-128 in its
+# tuned configs). An expert that receives m tokens therefore costs ceil(m / tile) × tile rows.
+EXPERT_TILE_TOKENS = 64
+
+
+def expert_gemm_efficiency(s: Setup, tokens: int) -> float:
+    """Useful share of the routed-expert GEMM rows: the tokens each touched expert receives over
+    those rows padded to :data:`EXPERT_TILE_TOKENS` (note 9). 1 for a dense model."""
+    m, lay = s.model, s.layout
+    if not m.is_moe or tokens <= 0:
+        return 1.0
+    local = m.experts / lay.ep if lay.ep > 1 else m.experts
+    pairs = tokens * m.top_k / (lay.ep if lay.ep > 1 else 1)  # token-expert pairs on this GPU
+    touched = min(local, pairs)
+    per_expert = pairs / touched
+    tile = EXPERT_TILE_TOKENS
+    return per_expert / (math.ceil(per_expert / tile) * tile)
+
+
+def attention_dp_share(s: Setup, running: int, ctx_tokens: float, isl: int) -> float:
+    """Share of a replica's decode attention work on its busiest attention-DP rank (note 9).
+
+    1. The engines dispatch sequences to the attention ranks round-robin (SGLang
+       ``--load-balance-method round_robin``), so each rank runs ceil(N / D) of the N sequences.
+    2. Their contexts differ: a running sequence is somewhere in its output, so its context is
+       ISL plus a uniform share of OSL, standard deviation (ctx − ISL) / √3 around the mean
+       ``ctx_tokens`` (= ISL + OSL/2). A rank's KV is the sum of its n sequences' contexts; the
+       busiest of D ranks lies about √(2 ln D) standard deviations above the mean (the maximum
+       of D near-Gaussian sums), which the step waits for — the imbalance DeepSeek's inference
+       system overview balances explicitly ("core-attention computation load balancing").
+    Returns that rank's attention tokens over the replica's (1/D when perfectly balanced).
+    """
+    d = s.layout.tp
+    if d <= 1 or running <= 0 or ctx_tokens <= 0:
+        return 1.0
+    n = math.ceil(running / d)
+    sd = max(ctx_tokens - isl, 0.0) / math.sqrt(3)
+    busiest = n * ctx_tokens + math.sqrt(n) * sd * math.sqrt(2 * math.log(d))
+    return min(1.0, busiest / (running * ctx_tokens))
 
 
 def comm_time(s: Setup, tokens: int) -> dict[str, float]:
@@ -292,14 +353,32 @@ def comm_time(s: Setup, tokens: int) -> dict[str, float]:
         link = group_link(s.gpu, s.topo, lay.tp)
         out["tp_allreduce_s"] = 2 * s.stage_layers * allreduce_time(link, lay.tp, msg, e)
     if m.is_moe and lay.ep > 1:
-        link = group_link(s.gpu, s.topo, lay.ep)
-        per = 2 * remote_ranks(m.experts, m.top_k, lay.ep) * m.hidden * ACT_BYTES * tokens / lay.ep
         moe_layers = s.stage_layers * m.moe_layers / m.layers
-        out["ep_alltoall_s"] = moe_layers * 2 * link_time(link, per / 2, e)
+        out["ep_alltoall_s"] = moe_layers * 2 * alltoall_time(s, tokens)
     if lay.pp > 1:
         link = group_link(s.gpu, s.topo, lay.tp * lay.pp)
         out["pp_send_s"] = (lay.pp - 1) * link_time(link, msg, e)
     return out
+
+
+def alltoall_time(s: Setup, tokens: int) -> float:
+    """One EP dispatch (or combine) of a step's ``tokens`` from one rank (note 3, 9).
+
+    1. Each rank sends its 1/EP of the tokens, hidden × 2 B each, once to every remote rank that
+       holds one of the token's experts (:func:`remote_ranks`).
+    2. Remote ranks in the same node are reached over NVLink, the others over the rank's NIC;
+       the two transfers run side by side, so the all-to-all takes the slower of the two
+       (DeepEP's "normal" kernels forward NVLink and RDMA traffic concurrently). With EP inside
+       one node only the NVLink part exists.
+    """
+    m, lay, e = s.model, s.layout, s.eff.comm_eff
+    sent = remote_ranks(m.experts, m.top_k, lay.ep) * m.hidden * ACT_BYTES * tokens / lay.ep
+    per_node = s.topo.gpus_per_node
+    nvlink = FABRICS[s.gpu.scale_up]
+    if lay.ep <= per_node:
+        return link_time(nvlink, sent, e)
+    inside = (per_node - 1) / (lay.ep - 1)  # share of the remote ranks on the same node
+    return max(link_time(nvlink, sent * inside, e), link_time(s.topo.inter_node, sent * (1 - inside), e))
 
 
 def remote_ranks(experts: int, top_k: int, ep: int) -> float:
@@ -322,18 +401,21 @@ def step_time(s: Setup, running: int, ctx_tokens: float, prefill_tokens: float, 
     per_stage = max(1, round(running / lay.pp))
     pre = prefill_tokens / lay.pp
     kv = per_stage * cap.kv_per_gpu_per_sequence(s.model, round(ctx_tokens), s.kv_precision, lay)
+    # attention-DP: the step waits for the busiest attention rank (its sequences' KV and
+    # attention); a riding prompt runs whole on the rank that holds it (note 9)
+    share = attention_dp_share(s, per_stage, ctx_tokens, isl) if lay.attention_dp else 1.0
     if lay.attention_dp:
-        kv /= lay.tp
+        kv *= share
     weights = touched_weight_bytes(s, per_stage + round(pre))
     hbm = (weights + kv) / (s.gpu.hbm_bytes_per_s * s.eff.hbm_eff)
-    flops = compute_time(s, per_stage, ctx_tokens, causal_prefill=False)
+    flops = compute_time(s, per_stage, ctx_tokens, causal_prefill=False, rank_share=share)
     if pre > 0:
-        flops += compute_time(s, round(pre), isl, causal_prefill=True)
+        flops += compute_time(s, round(pre), isl, causal_prefill=True, rank_share=1.0)
     comm = comm_time(s, per_stage + round(pre))
     stage = max(hbm, flops) + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
     # host bookkeeping per sequence: with attention-DP each of the TP ranks schedules its own
-    # share of the sequences, side by side (one scheduler per DP-attention rank)
-    scheduled = per_stage / lay.tp if lay.attention_dp else per_stage
+    # sequences (round-robin: ceil(N / D) on each), side by side
+    scheduled = math.ceil(per_stage / lay.tp) if lay.attention_dp else per_stage
     return {
         "weights_read_bytes": weights,
         "kv_read_bytes": kv,
@@ -359,7 +441,11 @@ def prefill_time(s: Setup, tokens: int, isl: int) -> dict[str, float]:
     """
     lay = s.layout
     tokens = max(1, round(tokens * (1 - s.eff.prefix_hit)))
-    flops = compute_time(s, tokens, isl, causal_prefill=True)
+    # attention-DP: each prompt runs whole on one attention rank, the busiest holding
+    # ceil(prompts / ranks) of them (note 9)
+    prompts = max(1, math.ceil(tokens / max(isl, 1)))
+    share = math.ceil(prompts / lay.tp) / prompts if lay.attention_dp else None
+    flops = compute_time(s, tokens, isl, causal_prefill=True, rank_share=share)
     # the stage reads its weights (an MoE's experts the prompt routes to) at least once
     hbm = touched_weight_bytes(s, tokens) / (s.gpu.hbm_bytes_per_s * s.eff.hbm_eff)
     comm = comm_time(s, tokens)

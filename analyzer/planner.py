@@ -13,7 +13,9 @@ The search, for a GPU budget, a topology and a workload (ISL, OSL, SLOs):
   4. Every candidate carries the framework's reasons: Step 0 (KV footprint), Step 1 (fits one GPU
      with KV headroom → DP), Step 2 (fits one node → TP inside NVLink), Step 3 (multi-node → PP
      across nodes), Step 4 (MoE → EP for experts), and the interconnect check (TP or EP over a
-     slow link; P/D only over an RDMA fabric).
+     slow link; P/D only over an RDMA fabric). Step 1 says "DP preferred" only of a DP layout;
+     when the pick is not the framework's default (DP where one GPU holds the model, EP for an
+     MoE's experts), its reasons add what that default serves against it (:func:`_explain_pick`).
   5. A candidate that meets no SLO says why in words (:func:`why_infeasible`): the memory that
      does not fit, or the TTFT/TPOT that misses its SLO with one request per replica.
   6. Planning for a running deployment (:func:`deployment_context`, :func:`fit_correction`) keeps
@@ -282,7 +284,10 @@ def reasons(p: Problem, c: Candidate, w: Workload) -> list[str]:
     out = [f"Step 0: KV {kv_seq / 1e9:.2f} GB per {w.isl + w.osl}-token sequence; "
            f"weights {cap.weight_bytes(m, p.precision) / 1e9:.1f} GB"]  # fmt: skip
     if one.max_sequences >= KV_HEADROOM_SEQUENCES:
-        out.append(f"Step 1: fits one GPU with room for {one.max_sequences} sequences → DP preferred")
+        plain = lay.gpus_per_replica == 1 and not c.disagg[0]
+        out.append(f"Step 1: fits one GPU with room for {one.max_sequences} sequences → "
+                   + ("DP preferred" if plain else "DP is the default; this layout shards the model "
+                      "anyway and must earn it in goodput"))  # fmt: skip
     elif lay.gpus_per_replica <= per_node:
         n = lay.gpus_per_replica
         out.append(f"Step 2: no KV headroom on one GPU; replica of {n} fits one node → TP inside NVLink")
@@ -326,7 +331,37 @@ def search(p: Problem, w: Workload, *, include_disagg: bool = True) -> list[Cand
         for lay in {c.layout for c in cands if c.layout.dp >= 2 and not c.layout.attention_dp}:
             for n_p in sorted({1, lay.dp // 4, lay.dp // 2} - {0}):
                 cands.append(evaluate_disagg(p, lay, n_p, w))
-    return rank(cands, p.topo.gpus_per_node)
+    ranked = rank(cands, p.topo.gpus_per_node)
+    _explain_pick(p, ranked)
+    return ranked
+
+
+def _explain_pick(p: Problem, ranked: list[Candidate]) -> None:
+    """Make the pick's reasons agree with the pick (note 4): when the framework's default (DP of
+    single-GPU replicas where one GPU holds the model with headroom; EP for an MoE's experts) is
+    not what ranked first, say what the default serves against the pick."""
+    if not ranked or ranked[0].goodput_per_gpu <= 0:
+        return
+    top = ranked[0]
+
+    def versus(other: Candidate, what: str) -> str:
+        if other.goodput_per_gpu <= 0:
+            return f"{what} {other.name} meets no SLO ({other.infeasible})"
+        gain = top.goodput_per_gpu / other.goodput_per_gpu - 1
+        if gain < 0:  # a gray-zone pick (rank): simpler, and close enough
+            return (f"{what} {other.name} serves {other.goodput_per_gpu:.0f} tok/s/GPU, {-gain:.0%} more, "
+                    "within the gray zone: the simpler pick leads")  # fmt: skip
+        return (f"picked over {what} {other.name}: {top.goodput_per_gpu:.0f} vs "
+                f"{other.goodput_per_gpu:.0f} tok/s/GPU ({gain:+.0%})")  # fmt: skip
+
+    if any(r.startswith("Step 1:") and "DP is the default" in r for r in top.reasons):
+        plain = [c for c in ranked if c.layout.gpus_per_replica == 1 and not c.disagg[0]]
+        if plain:
+            top.reasons.append(versus(plain[0], "the DP default"))
+    if p.model.is_moe and top.layout.ep <= 1:
+        ep = [c for c in ranked if c.layout.ep > 1]
+        if ep:
+            top.reasons.append(versus(ep[0], "the best EP layout"))
 
 
 def rank(cands: list[Candidate], per_node: int) -> list[Candidate]:

@@ -1,7 +1,9 @@
-"""Planner search time against the 2 s goal (issue 6), for budgets up to 64 GPUs.
+"""Planner search time against the 1 s goal (issue 20; issue 6 asked 2 s), for budgets up to 64 GPUs.
 
 Run: ``.venv/bin/python -m bench.bench_planner``. Prints, per case, the candidates evaluated, the
-best-of-5 wall time and its ratio to the 2 s budget.
+best-of-5 wall time and its ratio to the 1 s budget, and the best-of-5 CPU time of the process
+(``time.process_time``): on a shared machine the wall time counts other jobs' turns on the cores,
+the CPU time only the search's own work.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import time
 
 from analyzer import catalog, modelcfg, planner
 
-BUDGET_S = 2.0
+BUDGET_S = 1.0
 CASES = [
     ("llama-3.1-8b", "h100_sxm", 8, 1, "bf16"),
     ("llama-3.1-70b", "h100_sxm", 16, 2, "bf16"),
@@ -21,17 +23,19 @@ CASES = [
 
 
 def main() -> None:
-    print(f"{'case':44s} {'cands':>6s} {'best s':>8s} {'/ 2 s':>7s}")
+    print(f"{'case':44s} {'cands':>6s} {'best s':>8s} {'/ 1 s':>7s} {'cpu s':>7s}")
     for model, gpu, n, nodes, prec in CASES:
         p = planner.Problem(modelcfg.load(model), catalog.gpu(gpu), n, nodes, catalog.fabric("ib_ndr"),
                             "vllm", prec)  # fmt: skip
-        times, count = [], 0
+        times, cpus, count = [], [], 0
         for _ in range(5):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             count = len(planner.search(p, planner.Workload(2048, 256)))
             times.append(time.perf_counter() - t)
+            cpus.append(time.process_time() - c)
         best = min(times)
-        print(f"{model + ' ' + gpu + ' x' + str(n):44s} {count:6d} {best:8.3f} {best / BUDGET_S:7.3f}")
+        label = f"{model} {gpu} x{n}"
+        print(f"{label:44s} {count:6d} {best:8.3f} {best / BUDGET_S:7.3f} {min(cpus):7.3f}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,12 @@ NVIDIA aiconfigurator's silicon sample; the same file as ``shared/fixtures/silic
       vLLM and SGLang: Qwen3-32B; h200: Llama-3.1-8B) this is also a cross-platform prediction.
 3. ``--fit``: refit every row of :data:`FIT_ON` on all its rows and print the factors (how the
    numbers in ``analyzer/perf.py`` and ``bench/closed_loop.py`` were produced).
+4. ``--heldout PATH``: held-out evaluation on another public measurement set in the same
+   columns (e.g. aiconfigurator-core 0.12.0's full ``systems/silicon_sample.csv``, of which the
+   calibration CSV is a subset). Rows whose ``id`` is in the calibration CSV are dropped; the
+   rest are predicted with the shipped factors — never fitted on — and grouped by (model,
+   system, backend); rows of models IOE does not ship, or that it cannot estimate, are counted
+   as ``skipped``.
 
 Absolute % error = |predicted − measured| / measured × 100. The fit minimizes median TPOT error
 + ½ × median TTFT error of the rows by coordinate descent over :data:`GRID` (each factor on a
@@ -347,8 +353,46 @@ def shipped_params(backend: str, system: str) -> Params:
     return perf.efficiency(backend, system), harness_for(backend, system)
 
 
+def heldout_table(csv_path: Path, fitted: Path = DEFAULT) -> list[dict[str, object]]:
+    """Errors on the rows of ``csv_path`` not in ``fitted``, per (model, system, backend) (doc 4)."""
+    known = {r["id"] for r in read(fitted)}
+    groups: dict[tuple[str, str, str], list[Row]] = defaultdict(list)
+    for r in read(csv_path):
+        if r["id"] not in known:
+            groups[(_model_of(r), r["system"], r["backend"])].append(r)
+    out: list[dict[str, object]] = []
+    every: Errors = []
+    for (model, system, backend), g in sorted(groups.items()):
+        errs = errors(g)
+        every.extend(errs)
+        out.append({"model": model, "system": system, "backend": backend,
+                    "n": sum(e is not None for e in errs), "skipped": sum(e is None for e in errs),
+                    **_summary(errs)})  # fmt: skip
+    out.append({"model": "all", "system": "all", "backend": "all", "n": sum(e is not None for e in every),
+                "skipped": sum(e is None for e in every), **_summary(every)})  # fmt: skip
+    return out
+
+
+def render_heldout(rows: list[dict[str, object]]) -> str:
+    lines = [
+        "| model | system | backend | rows | skipped | TPOT median % | TPOT p90 % "
+        "| TTFT median % | TTFT p90 % |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if not r["n"]:
+            continue
+        lines.append(f"| {r['model']} | {r['system']} | {r['backend']} | {r['n']} | {r['skipped']} "
+                     f"| {r['tpot_median']:.1f} | {r['tpot_p90']:.1f} | {r['ttft_median']:.1f} "
+                     f"| {r['ttft_p90']:.1f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> None:
     path = Path(argv[0]) if argv and not argv[0].startswith("--") else DEFAULT
+    if "--heldout" in argv:
+        print(render_heldout(heldout_table(Path(argv[argv.index("--heldout") + 1]), path)))
+        return
     if "--fit" in argv:
         refit(path)
         return

@@ -26,7 +26,7 @@ def test_every_group_is_labelled_with_where_its_factors_were_fitted(table: dict)
 def test_groups_claimed_to_meet_the_goal_meet_it(table: dict, group: tuple[str, str]) -> None:
     # In-sample medians through the closed-loop harness when written: sglang 3.8 / 8.9 %, vllm
     # 4.9 / 13.6 %, trtllm 8.0 / 17.6 % (TPOT / TTFT); leave-one-shape-out and leave-one-model-out
-    # in bench/results/calibration.md (python -m bench.calibration --cv).
+    # in bench/results/calibration_cv.md (python -m bench.calibration --cv).
     assert cal.meets_goal(table[group])
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import polars as pl
@@ -47,25 +46,22 @@ def test_405b_on_two_nodes_prefers_pp_across_nodes_over_cross_node_tp() -> None:
     assert any("TP16 crosses nodes over ib_ndr" in r for r in tp16.reasons)
 
 
-def test_moe_plan_states_step4_and_offers_ep_layouts(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_moe_plan_states_step4_and_offers_ep_layouts() -> None:
     ranked = _search("qwen3-235b-a22b", "h200", 8, precision="fp8")
     assert all(any(r.startswith("Step 4: MoE (128 experts, top-8)") for r in c.reasons) for c in ranked)
-    assert max(ranked, key=lambda c: c.goodput_per_gpu).layout.ep > 1
-    # The gray-zone rule below, under H200 vLLM factors with a 2 ms step overhead (the row before
-    # its refit to 1 ms; with 1 ms the TP2·PP2·DP2·EP2 layout leads by 17 %, outside the zone, and
-    # is ranked first on goodput alone).
-    h200 = perf.PLATFORM_EFFICIENCY[("vllm", "h200_sxm")]
-    monkeypatch.setitem(
-        perf.PLATFORM_EFFICIENCY, ("vllm", "h200_sxm"), dataclasses.replace(h200, step_overhead_s=2e-3)
-    )
-    ranked = _search("qwen3-235b-a22b", "h200", 8, precision="fp8")
-    ep = [c for c in ranked if c.layout.ep > 1 and c.layout.attention_dp]
-    assert ep and ep[0].goodput_per_gpu >= 0.85 * ranked[0].goodput_per_gpu  # in the gray zone
-    # the best goodput is an expert-parallel layout; a simpler one within the gray zone leads
+    # With the MoE terms (perf note 9: expert tiles, a prompt whole on one attention-DP rank, the
+    # busiest rank) the best EP layout is within the gray zone of the best, not necessarily first;
+    # when the pick is not EP its reasons say what the best EP layout serves.
+    top = max(c.goodput_per_gpu for c in ranked)
+    assert max(c.goodput_per_gpu for c in ranked if c.layout.ep > 1) >= (1 - planner.GRAY_ZONE) * top
+    if ranked[0].layout.ep == 1:
+        assert any(r.startswith("the best EP layout") for r in ranked[0].reasons)
+    # The gray-zone rule: the best goodput here is TP2·PP2·DP2, a pipeline inside the NVLink
+    # node; a simpler layout within the zone leads, and it is not a pipeline inside the node.
     best = max(ranked, key=lambda c: c.goodput_per_gpu)
-    assert best.layout.ep > 1 and "gray zone" in ranked[0].reasons[-1]
-    # ... and that simpler layout experts-parallel, not a pipeline inside the NVLink node
-    assert ranked[0].layout.ep > 1 and not planner.pp_inside_node(ranked[0].layout, 8)
+    assert planner.pp_inside_node(best.layout, 8) and best is not ranked[0]
+    assert any(r.startswith("gray zone: within") for r in ranked[0].reasons)
+    assert not planner.pp_inside_node(ranked[0].layout, 8)
     pp_in_node = next(c for c in ranked if c.layout == Layout(tp=2, pp=2, dp=2))
     assert any(r.startswith("PP2 pipelines inside an NVLink node") for r in pp_in_node.reasons)
 
@@ -106,9 +102,11 @@ def test_pp_inside_a_node_is_not_simpler_than_ep() -> None:
 
 
 def test_search_for_64_gpus_is_fast() -> None:
-    t = time.perf_counter()
+    # Issue 20: under 1 s for 64 GPUs. CPU time of this process, not wall time: on a shared
+    # machine the wall clock counts other jobs' turns (bench.bench_planner prints both).
+    t = time.process_time()
     _search("deepseek-v3", "h200", 64, nodes=8, precision="fp8")
-    assert time.perf_counter() - t < 2.0
+    assert time.process_time() - t < 1.0
 
 
 def test_workload_and_baseline_from_store() -> None:
@@ -133,3 +131,19 @@ def test_workload_and_baseline_from_store() -> None:
     baseline = planner.evaluate(p, layout, work)
     text = planner.compare(baseline, ranked[0])
     assert text.startswith(f"{ranked[0].name} vs current TP2·PP1·DP4: goodput +")
+
+
+def test_reasons_agree_with_a_pick_that_is_not_the_framework_default() -> None:
+    # Qwen3-30B-A3B in FP8 fits one H200 with room for hundreds of sequences (Step 1: DP), yet
+    # at ISL 4000 / OSL 500 under a 20 ms TPOT SLO the pick shards it: its reasons must not call
+    # DP preferred, and must say what DP serves.
+    p = planner.Problem(modelcfg.load("qwen3-30b-a3b"), catalog.gpu("h200"), 8, 1, catalog.fabric("ib_ndr"),
+                        "vllm", "fp8")  # fmt: skip
+    ranked = planner.search(p, planner.Workload(4000, 500, ttft_slo_s=1.0, tpot_slo_s=0.02))
+    top = ranked[0]
+    assert top.layout.gpus_per_replica > 1
+    assert not any("DP preferred" in r for r in top.reasons)
+    dp = next(c for c in ranked if c.layout == Layout(tp=1, pp=1, dp=8))
+    assert any(r.startswith("picked over the DP default TP1·PP1·DP8") and f"{dp.goodput_per_gpu:.0f}" in r
+               for r in top.reasons)  # fmt: skip
+    assert any("DP preferred" in r for r in dp.reasons)
