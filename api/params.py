@@ -66,9 +66,11 @@ def parse_at(text: str | None) -> int | None:
 
 
 def check_name(name: str) -> str:
-    """Rule 3 (format only; existence is checked against the store)."""
+    """Rule 3 (format only; existence is checked against the store): a name with a control
+    character names no deployment, so it is a 404 like any unknown name (the OpenAPI schema
+    leaves it out of its pattern: generators read ``$`` and escapes differently)."""
     if not _NAME.fullmatch(name):
-        raise ParamError("name", f"{name[:140]!r} is not a deployment name ({NAME_PATTERN})")
+        raise ParamError("name", f"{name[:140]!r} names no deployment (control characters)", status=404)
     return name
 
 

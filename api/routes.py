@@ -38,7 +38,6 @@ from api.cache import MISSING
 from api.faults import fault_kind
 from api.params import (
     AT_PATTERN,
-    NAME_PATTERN,
     WINDOW_PATTERN,
     ParamError,
     check_name,
@@ -69,9 +68,10 @@ router = APIRouter(prefix="/api/v1", responses=_ERRORS)
 NameParam = Annotated[
     str,
     Path(
-        description="Deployment name (any characters; `/` as is or `%2F`)",
+        description="Deployment name (any characters but control characters, which name no deployment: "
+        "404; `/` as is or `%2F`)",
+        min_length=1,
         max_length=256,
-        pattern=NAME_PATTERN,
     ),
 ]
 WindowParam = Annotated[
