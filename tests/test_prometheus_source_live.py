@@ -22,6 +22,7 @@ are compared value by value with the direct scrape's.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -106,12 +107,36 @@ def _prometheus_config(sim: Simulation) -> dict[str, Any]:
     }
 
 
-def _ready(url: str) -> bool:
+def _ready(url: str, tsdb: Path) -> bool:
+    """Our Prometheus answers at ``url``: ready, and its TSDB is ours (another test run on this
+    machine may have taken the port between free_port() and the bind)."""
     try:
+        with urllib.request.urlopen(f"{url}/api/v1/status/flags", timeout=2) as resp:
+            flags = json.loads(resp.read())["data"]
         with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
+            return resp.status == 200 and flags.get("storage.tsdb.path") == str(tsdb)
+    except (OSError, ValueError, KeyError):
         return False
+
+
+def _start_prometheus(exe: str, work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Prometheus on a free port, tried again on another port if the first is taken meanwhile."""
+    for attempt in range(3):
+        url = f"http://127.0.0.1:{free_port()}"
+        with (work / f"prometheus-{attempt}.log").open("wb") as log:
+            prom = subprocess.Popen(
+                [exe, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'tsdb'}",
+                 f"--web.listen-address={url.removeprefix('http://')}"],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while prom.poll() is None and time.monotonic() < deadline:
+            if _ready(url, work / "tsdb"):
+                return prom, url
+            time.sleep(0.2)
+        prom.terminate()
+        prom.wait(30)
+    raise AssertionError(f"prometheus did not start: {work}")
 
 
 @pytest.fixture(scope="module")
@@ -119,22 +144,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     exe = require_component("prometheus")
     work = tmp_path_factory.mktemp("promsrc")
     sim = Simulation(demo_deployments(surge_at_s=1e9)[:3], tick_s=0.25)
-    prom_url = f"http://127.0.0.1:{free_port()}"
     (work / "prometheus.yml").write_text(yaml.safe_dump(_prometheus_config(sim)))
     agents: list[_AgentThread] = []
     prom: subprocess.Popen[bytes] | None = None
     sim.start()
     try:
-        with (work / "prometheus.log").open("wb") as log:
-            prom = subprocess.Popen(
-                [exe, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'tsdb'}",
-                 f"--web.listen-address={prom_url.removeprefix('http://')}"],
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while not _ready(prom_url):
-            assert prom.poll() is None and time.monotonic() < deadline, f"prometheus did not start: {work}"
-            time.sleep(0.2)
+        prom, prom_url = _start_prometheus(exe, work)
         targets = [{**t, "interval_s": 1.0, "timeout_s": 1.0} for t in sim.targets()]
         follow = {"name": "prom", "url": prom_url, "follow": True, "interval_s": 2.0, "step_s": 1.0,
                   "since_s": 600.0, "lag_s": 1.0}  # fmt: skip
@@ -212,16 +227,18 @@ def test_gpu_samples_match_direct_scraping(runs: Runs, mode: str) -> None:
     and about one a second from the direct scrape, and its mean over the window agrees. The two
     samplers read one signal at different instants (the sidecar at its scrape, Prometheus at its
     own, then the step takes the latest), so the means of a varying series differ by sampling
-    noise, about std·sqrt(2/n) ≈ 0.2 std for n ≈ 50: the bound is 5 % of the mean or half a
-    standard deviation, whichever is larger."""
+    noise, about std·sqrt(2/n) ≈ 0.2 std for n ≈ 50: the bound is 5 % of the mean or half the
+    larger of the two standard deviations. (The simulator's values move within a second: a GPU's
+    temperature read 56-69 °C a few ticks apart, and one sampler's phase can keep seeing 58.)"""
     end_ns = min(_newest(p) for p in runs.stores.values()) - 2 * NS
     start_ns = end_ns - int(WINDOW_S * NS)
     direct = _gpu_stats(runs.stores["scrape"], start_ns, end_ns)
     got = _gpu_stats(runs.stores[mode], start_ns, end_ns)
     assert set(direct) == set(got) and len(direct) >= 10 * 20  # 10 GPUs, 24 fields each
     steps = int(WINDOW_S)  # one point per 1 s step from Prometheus, whatever the load
-    for key, (n, mean, sd) in direct.items():
-        m, other, _ = got[key]
+    for key, (n, mean, sd_direct) in direct.items():
+        m, other, sd_got = got[key]
+        sd = max(sd_direct, sd_got)
         assert steps - 2 <= m <= steps + 1, (key, m)
         # the in-process scraper misses scrapes when this shared 2-core machine is loaded (42 of 50 seen
         # at load average 20); Prometheus' step then still holds the latest value
