@@ -70,7 +70,6 @@ NameParam = Annotated[
     Path(
         description="Deployment name (any characters but control characters, which name no deployment: "
         "404; `/` as is or `%2F`)",
-        min_length=1,
         max_length=256,
     ),
 ]
