@@ -55,8 +55,9 @@ The rule (``th`` = the Thresholds in force; every number below is a field there)
  7. A zone's score = (passes + ½ nears) / judged checks (``n/a`` excluded), and for network
     (1 − ``net_change_weight``) × level score + ``net_change_weight`` × change score when change
     checks were judged. A zone with fewer than ``zone_min_checks`` judged checks has no score.
- 8. primary: KV capacity when it scores ≥ ``zone_min_score`` with KV pressure and queueing (full
-    KV pool turning requests away binds admission whatever the GPUs do); else the best score ≥
+ 8. primary: KV capacity when it scores ≥ ``zone_min_score`` with KV pressure (usage at its
+    threshold, or near it while the engine preempts) and requests turned away (preemptions,
+    waiting, queue share): a full KV pool binds admission whatever the GPUs do; else the best score ≥
     ``zone_min_score``. Scores within ``zone_tie_margin`` of the best are a near-tie: ``ambiguous``
     lists them and the label says "ambiguous: X or Y"; the primary among them is the one whose
     own deciding signal is furthest past its threshold (never the zone name). With no zone at
@@ -563,7 +564,11 @@ def _kv_binding(c: _Checks) -> bool:
     usage, pre = c.value("kv_capacity", "kv_usage_ratio"), c.value("kv_capacity", "preemptions_per_s")
     waiting = c.value("kv_capacity", "waiting_over_running")
     share = c.value("kv_capacity", "queue_share_of_ttft")
-    pressure = usage is not None and usage.verdict == "pass"
+    # the pool is full, or within near_fraction of full while the engine preempts (it preempts only
+    # when it cannot allocate a block)
+    full = usage is not None and usage.verdict == "pass"
+    preempting = pre is not None and pre.verdict == "pass"
+    pressure = full or (usage is not None and usage.verdict == "near" and preempting)
     turned_away = any(e is not None and e.verdict == "pass" for e in (pre, waiting, share))
     return pressure and turned_away
 
