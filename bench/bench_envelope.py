@@ -24,8 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from gen_telemetry import ITL_LE, NS, PROFILES, TTFT_LE, Z99
 
 from analyzer.deployments import list_deployments
-from analyzer.envelope import analyze_deployment
-from analyzer.regression import p99_regression
+from analyzer.report import deployment_report
 from analyzer.thresholds import Thresholds
 from collector.readonly import open_readonly
 from collector.records import frame
@@ -39,9 +38,8 @@ def _cdf(le: float, med: np.ndarray, tail: np.ndarray) -> np.ndarray:
     if math.isinf(le):
         return np.ones_like(med)
     sigma = np.maximum(np.log(tail) / Z99, 1e-6)
-    from scipy.special import erf
-
-    return 0.5 * (1 + erf(np.log(le / med) / (sigma * math.sqrt(2))))
+    erf = np.vectorize(math.erf, otypes=[float])  # scipy is not a dependency
+    return np.asarray(0.5 * (1 + erf(np.log(le / med) / (sigma * math.sqrt(2)))))
 
 
 def generate(path: Path, hours: float) -> dict[str, int]:
@@ -180,8 +178,8 @@ def analyze_once(con: Any, end_ns: int) -> tuple[float, dict[str, Any]]:
     t0 = time.perf_counter()
     dep = list_deployments(con, end_ns - 900 * NS)[0]
     th = Thresholds()
-    report = analyze_deployment(con, dep, end_ns - 900 * NS, end_ns, th)
-    report["regression"] = p99_regression(con, dep, end_ns - 900 * NS, end_ns, th).as_dict()
+    # the front door every surface uses (envelope with the latency model, Cp, headroom, regression)
+    report = deployment_report(con, dep, end_ns - 900 * NS, end_ns, th)
     return time.perf_counter() - t0, report
 
 
