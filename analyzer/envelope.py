@@ -471,6 +471,12 @@ class _Checks:
         return next((e for e in self.rows if e.zone == zone and e.signal == signal), None)
 
 
+def _queue_share(sig: Signals) -> float | None:
+    """Mean queue time ÷ mean TTFT (exact means from ``_sum``/``_count``), capped at 1."""
+    share = _ratio(sig.means.get("queue_seconds"), sig.means.get("ttft_seconds"))
+    return None if share is None else min(share, 1.0)
+
+
 def _round(v: float | None) -> float | None:
     return None if v is None else round(float(v), 6)
 
@@ -551,9 +557,9 @@ def queueing(sig: Signals, th: Thresholds) -> list[str]:
     waiting = _ratio(e.get("requests_waiting"), max(e.get("requests_running", 0.0), 1.0)) if e else None
     if waiting is not None and waiting >= th.kv_waiting_min_ratio:
         out.append(f"waiting/running {waiting:.2f} ≥ {th.kv_waiting_min_ratio:g}")
-    share = _ratio(sig.means.get("queue_seconds"), sig.means.get("ttft_seconds"))
+    share = _queue_share(sig)
     if share is not None and share >= th.kv_queue_share_min_ratio:
-        out.append(f"queue share of TTFT {min(share, 1.0):.2f} ≥ {th.kv_queue_share_min_ratio:g}")
+        out.append(f"queue share of TTFT {share:.2f} ≥ {th.kv_queue_share_min_ratio:g}")
     p99 = sig.quantiles.get("ttft_seconds", {}).get(0.99)
     if sig.ttft_slo_s and p99 is not None and p99 > sig.ttft_slo_s:
         out.append(f"TTFT p99 {p99:.3g} s over its SLO {sig.ttft_slo_s:g} s")
@@ -782,11 +788,10 @@ def _kv_checks(c: _Checks, sig: Signals) -> None:
         source="engine requests_waiting / requests_running (window means, summed over engines)",
         gate=gate,
     )
-    share = _ratio(sig.means.get("queue_seconds"), sig.means.get("ttft_seconds"))
     c.check(
         "kv_capacity",
         "queue_share_of_ttft",
-        None if share is None else min(share, 1.0),
+        _queue_share(sig),
         "ratio",
         th.kv_queue_share_min_ratio,
         above=True,
@@ -861,11 +866,10 @@ def _network_checks(c: _Checks, sig: Signals) -> None:
     )
     if path.kv_transfer_crosses_nodes:
         kv_full = (sig.engine.get("kv_usage_ratio") or 0.0) >= th.kv_usage_min_ratio
-        wait = _ratio(sig.means.get("queue_seconds"), sig.means.get("ttft_seconds"))
         c.check(
             "network",
             "pd_wait_share_of_ttft",
-            None if wait is None else min(wait, 1.0),
+            _queue_share(sig),
             "ratio",
             th.pd_wait_share_min_ratio,
             above=True,
