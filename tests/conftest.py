@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,27 @@ def free_port() -> int:
 @pytest.fixture
 def data_dir() -> Path:
     return DATA
+
+
+# Chromium for the page tests: the flags keep a headless run off the network and the GPU.
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--disable-quic",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    chromium = require_component(
+        "chromium", "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+    )
+    try:
+        from playwright import sync_api
+    except ImportError:
+        if in_ci():
+            pytest.fail("playwright is not installed (the [test] extra)")
+        pytest.skip("playwright is not installed")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()

@@ -336,7 +336,7 @@ def test_a_reopened_store_keeps_committed_series_and_points(tmp_path: Path, file
 
 def test_the_page_links_to_a_model_id_deployment(model_named: Store) -> None:
     """The overview's link encodes the ``/`` (``%2F``) and the deployment view loads from it."""
-    from test_page_playwright import CHROMIUM_ARGS
+    from conftest import CHROMIUM_ARGS
 
     chromium = require_component(
         "chromium", "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None

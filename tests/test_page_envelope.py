@@ -20,14 +20,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ROOT, free_port, in_ci, require_component
+from conftest import ROOT, free_port
 from gen_sweep import DEPLOYMENT, KNEE_RUNNING, build, tokens_per_s
 
 NS = 1_000_000_000
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--disable-quic",
-]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -60,23 +56,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    chromium = require_component(
-        "chromium", "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
-    )
-    try:
-        from playwright import sync_api
-    except ImportError:
-        if in_ci():
-            pytest.fail("playwright is not installed (the [test] extra)")
-        pytest.skip("playwright is not installed")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def open_view(browser: object, url: str, window: str = "15m") -> tuple[object, list[str], list[str]]:

@@ -18,7 +18,7 @@ from conftest import free_port
 from otlp_engine_spans import T0_NS, to_protobuf, trtllm_spans, vllm_spans
 from test_api_phases import declare
 from test_api_uvicorn import Served
-from test_page_playwright import browser, open_page  # noqa: F401 - the module's Chromium fixture
+from test_page_playwright import open_page
 
 from api.app import create_app
 from collector.records import frame
@@ -53,7 +53,7 @@ def shares(page: object) -> dict[str, float]:
             for i in range(parts.count())}  # fmt: skip
 
 
-def test_ttft_bar_and_exact_quantiles_for_a_deployment_with_spans(browser: object, served: Served) -> None:  # noqa: F811
+def test_ttft_bar_and_exact_quantiles_for_a_deployment_with_spans(browser: object, served: Served) -> None:
     page, errors, foreign = open_page(browser, served.url + "/deployments/chat", served.url)
     got = shares(page)
     assert set(got) == {"queue", "prefill", "other"}
@@ -67,14 +67,14 @@ def test_ttft_bar_and_exact_quantiles_for_a_deployment_with_spans(browser: objec
     assert errors == [] and foreign == []
 
 
-def test_disaggregated_deployment_names_its_kv_transfer_share(browser: object, served: Served) -> None:  # noqa: F811
+def test_disaggregated_deployment_names_its_kv_transfer_share(browser: object, served: Served) -> None:
     page, errors, foreign = open_page(browser, served.url + "/deployments/pd", served.url)
     assert shares(page)["kv_transfer"] == pytest.approx(0.1125)
     assert "KV transfer is 11.3 % of mean TTFT" in page.locator("#phases .kv-share").inner_text()  # type: ignore[attr-defined]
     assert errors == [] and foreign == []
 
 
-def test_without_spans_the_panel_says_bucket_estimate(browser: object, served: Served) -> None:  # noqa: F811
+def test_without_spans_the_panel_says_bucket_estimate(browser: object, served: Served) -> None:
     page, errors, foreign = open_page(browser, served.url + "/deployments/hist", served.url)
     page.wait_for_selector("#plan[data-ready='1']", timeout=30_000)  # type: ignore[attr-defined]
     q = page.locator  # type: ignore[attr-defined]

@@ -8,22 +8,17 @@ charts are drawn from the API's data (SVG elements per data point); screenshots 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from api_store import build
-from conftest import ROOT, free_port, in_ci, require_component
+from conftest import ROOT, free_port
 from test_api_uvicorn import Served
 
 from api.app import create_app
 from ioe.settings import Settings
 
 ARTIFACTS = ROOT / "artifacts"
-CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--disable-quic",
-]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -32,23 +27,6 @@ def served() -> Iterator[Served]:
     with Served(create_app(Settings(store_path=":memory:"), st), free_port()) as s:
         yield s
     st.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    chromium = require_component(
-        "chromium", "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
-    )
-    try:
-        from playwright import sync_api
-    except ImportError:
-        if in_ci():
-            pytest.fail("playwright is not installed (the [test] extra)")
-        pytest.skip("playwright is not installed")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def open_page(browser: object, url: str, origin: str) -> tuple[object, list[str], list[str]]:

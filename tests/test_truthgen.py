@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import in_ci
 from truth_store import build, ingest_capture
 from truthgen import formats, physics
 from truthgen.physics import ETH_100G, H100_SXM, IB_NDR, LLAMA_8B, LLAMA_70B, NVLINK4
@@ -32,7 +33,10 @@ def _csv() -> Path:
     p = SHARED / "silicon" / "dense_calibration.csv"
     if p.exists():
         return p
-    pytest.skip("shared/fixtures/silicon/dense_calibration.csv is not beside this checkout")
+    why = "shared/fixtures/silicon/dense_calibration.csv is not beside this checkout"
+    if in_ci():
+        pytest.fail(why)
+    pytest.skip(why)
 
 
 # ----------------------------------------------------------------------------------------- independence
@@ -119,6 +123,8 @@ def test_vllm_body_has_the_fixture_family_order(tmp_path: Path) -> None:
     """Every vllm: family the writer emits appears in the real vLLM 0.33 exposition, in its order."""
     fixture = SHARED / "engine" / "vllm_0.33.0_dp1.prom"
     if not fixture.exists():
+        if in_ci():
+            pytest.fail("shared vLLM fixture not beside this checkout")
         pytest.skip("shared vLLM fixture not beside this checkout")
     real = [ln.split()[2] for ln in fixture.read_text().splitlines() if ln.startswith("# TYPE vllm:")]
     render(SCENARIOS["light_load_headroom"], tmp_path)
