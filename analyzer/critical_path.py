@@ -13,11 +13,14 @@ Rules (numbers are :class:`~analyzer.thresholds.Thresholds` fields where they ar
  3. A disaggregated deployment (both ``prefill`` and ``decode`` roles) on more than one node
     sends every request's KV cache from prefill to decode GPUs across nodes: that transfer is in
     every request's TTFT.
- 4. Per communicator, the time share is the median over its ranks of (mean execution time ×
-    collectives issued in the window) ÷ the window, where collectives issued = the ``coll_sn``
-    span (the Inspector writes only the latest completed collective per dump, so records are a
-    sample; the sequence numbers count every call). This is an upper bound of exposed time
-    (compute may overlap it).
+ 4. Per communicator, the time share is the median over its ranks of the rank's collective
+    duty cycle: mean execution time × collectives issued ÷ the wall time they were issued in.
+    Collectives issued = the ``coll_sn`` span (the Inspector writes only the latest completed
+    collective per dump, so records are a sample; the sequence numbers count every call), and
+    the wall time is the span between the rank's first and last record in the window. When the
+    records carry no spread of times (one record, or a single dump time), when the calls were
+    made is unknown and the wall time is the whole window. Capped at 1. This is an upper bound
+    of exposed time (compute may overlap it).
  5. ``network_share`` is the largest share over crossing communicators (the network wall's
     evidence); ``fabric_share`` the largest over the others (reported, never network evidence).
 """
@@ -66,6 +69,28 @@ class CriticalPath:
         return out
 
 
+# Rule 4 per rank: one row per (comm_id, rank) with ``mean_us``, ``n`` and ``share``. Parameters
+# from :func:`rank_share_params`. A wall-time span under a second is no spread of times.
+RANK_SHARE_SQL = """per_rank AS (
+       SELECT comm_id, rank, mean_us, n, least(1.0, CASE
+                  WHEN n > 1 AND t_span_us >= 1e6 THEN mean_us * sn_span / t_span_us
+                  ELSE mean_us * (CASE WHEN n > 1 THEN sn_span * n / (n - 1) ELSE n END) / ?
+              END) AS share
+       FROM (SELECT comm_id, rank, avg(exec_us) AS mean_us, count(*) AS n,
+                    max(coll_sn) - min(coll_sn) AS sn_span,
+                    max(coalesce(start_us, dump_ts_us)) - min(coalesce(start_us, dump_ts_us)) AS t_span_us
+             FROM collective_records
+             WHERE list_contains(?, comm_id) AND coll_sn >= 0
+               AND coalesce(start_us, dump_ts_us) > ? AND coalesce(start_us, dump_ts_us) <= ?
+             GROUP BY comm_id, rank))"""
+
+
+def rank_share_params(comm_ids: list[str], start_ns: int, end_ns: int) -> list[Any]:
+    """The parameters of :data:`RANK_SHARE_SQL`, in order."""
+    start_us, end_us = start_ns / 1000, end_ns / 1000
+    return [max(end_us - start_us, 1.0), comm_ids, start_us, end_us]
+
+
 def domain_gpus(dep: Deployment) -> int:
     """GPUs in one scale-up (NVLink) domain for the deployment's GPU type (8 when unknown)."""
     from analyzer import catalog
@@ -83,25 +108,17 @@ def comm_shares(
     if not comm_ids:
         return []
     rows = con.execute(
-        """WITH per_rank AS (
-               SELECT comm_id, rank, avg(exec_us) AS mean_us, count(*) AS n,
-                      max(coll_sn) - min(coll_sn) AS sn_span
-               FROM collective_records WHERE list_contains(?, comm_id) AND coll_sn >= 0
-                 AND coalesce(start_us, dump_ts_us) > ? AND coalesce(start_us, dump_ts_us) <= ?
-               GROUP BY comm_id, rank),
-           shares AS (
-               SELECT comm_id, median(mean_us * CASE WHEN n > 1 THEN sn_span * n / (n - 1) ELSE n END) AS us
-               FROM per_rank GROUP BY comm_id),
+        f"""WITH {RANK_SHARE_SQL},
+           shares AS (SELECT comm_id, median(share) AS share FROM per_rank GROUP BY comm_id),
            info AS (
                SELECT comm_id, mode(op) AS op, max(n_ranks) AS n_ranks, max(coalesce(nnodes, 0)) AS nnodes,
                       count(DISTINCT host) FILTER (WHERE coalesce(host, '') <> '') AS hosts,
                       median(msg_bytes) AS msg
                FROM collective_records WHERE list_contains(?, comm_id) GROUP BY comm_id)
-           SELECT i.comm_id, i.op, i.n_ranks, i.nnodes, i.hosts, i.msg, s.us
+           SELECT i.comm_id, i.op, i.n_ranks, i.nnodes, i.hosts, i.msg, s.share
            FROM info i JOIN shares s USING (comm_id) ORDER BY i.comm_id""",
-        [comm_ids, start_ns / 1000, end_ns / 1000, comm_ids],
+        [*rank_share_params(comm_ids, start_ns, end_ns), comm_ids],
     ).fetchall()
-    window_us = max((end_ns - start_ns) / 1000, 1.0)
     return [
         CommShare(
             str(cid),
@@ -109,10 +126,10 @@ def comm_shares(
             int(n or 0),
             int(hosts or 0),
             (nnodes or 0) > 1 or (hosts or 0) > 1,
-            float(us or 0.0) / window_us,
+            float(share or 0.0),
             None if msg is None else float(msg),
         )
-        for cid, op, n, nnodes, hosts, msg, us in rows
+        for cid, op, n, nnodes, hosts, msg, share in rows
     ]
 
 

@@ -51,6 +51,7 @@ import numpy as np
 import polars as pl
 
 from analyzer import catalog
+from analyzer.critical_path import RANK_SHARE_SQL, rank_share_params
 from analyzer.deployments import ENGINE_KEY_SQL, Deployment
 from analyzer.latency import NS, binned_quantiles, counter_increases, table_sql
 from analyzer.thresholds import Thresholds
@@ -286,32 +287,28 @@ def collective_evidence(
             return {k: float(v) for k, v in got.items() if v is not None}, "analyzer.collectives (injected)"
     if not dep.comm_ids:
         return {}, ""
+    ids = list(dep.comm_ids)
     row = con.execute(
-        """WITH per_rank AS (
-               SELECT comm_id, rank, avg(exec_us) AS mean_us, count(*) AS n,
-                      max(coll_sn) - min(coll_sn) AS sn_span
-               FROM collective_records WHERE list_contains(?, comm_id) AND coll_sn >= 0
-                 AND coalesce(start_us, dump_ts_us) > ? AND coalesce(start_us, dump_ts_us) <= ?
-               GROUP BY comm_id, rank)
-           SELECT median(mean_us * CASE WHEN n > 1 THEN sn_span * n / (n - 1) ELSE n END),
+        f"""WITH {RANK_SHARE_SQL}
+           SELECT median(share),
                   (SELECT median(busbw_gbs) FROM collective_records WHERE list_contains(?, comm_id)),
                   (SELECT mode(op) FROM collective_records WHERE list_contains(?, comm_id)),
                   (SELECT max(n_ranks) FROM collective_records WHERE list_contains(?, comm_id)),
                   sum(n)
            FROM per_rank""",
-        [list(dep.comm_ids), start_ns / 1000, end_ns / 1000, *([list(dep.comm_ids)] * 3)],
+        [*rank_share_params(ids, start_ns, end_ns), *([ids] * 3)],
     ).fetchone()
     if not row or not row[4]:
         return {}, ""
-    out = {"collective_share_ratio": float(row[0] or 0.0) / ((end_ns - start_ns) / 1000)}
+    out = {"collective_share_ratio": float(row[0] or 0.0)}
     cap, cap_src = _busbw_capability(con, str(row[2] or ""), int(row[3] or 0)), "nccl_baselines"
     if not cap:
         cap, cap_src = _catalog_capability(dep), "hardware catalog link"
     if cap and row[1] is not None:
         out.update(busbw_gbs=float(row[1]), capability_gbs=cap, busbw_ratio=float(row[1]) / cap)
     return out, (
-        "collective_records: mean exec time × collectives issued (coll_sn span), median rank — "
-        f"an upper bound of exposed time; busbw capability from {cap_src if cap else 'nowhere'}"
+        "collective_records: mean exec time × collectives issued (coll_sn span) ÷ the time they span, "
+        f"median rank — an upper bound of exposed time; busbw capability from {cap_src if cap else 'nowhere'}"
     )
 
 
