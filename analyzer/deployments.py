@@ -112,7 +112,8 @@ def _declared_rows(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
 def has_points(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     """Whether raw table ``table`` is in the series layout on this connection (rule 5)."""
     row = con.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND database_name = current_database()",
+        "SELECT count(*) FROM information_schema.tables "
+        "WHERE table_name = ? AND table_catalog = current_database()",  # a table or (packed layout) a view
         [f"{table}_points"],
     ).fetchone()
     return bool(row and row[0])

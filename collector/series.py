@@ -10,9 +10,21 @@ store file is kept as:
 
 - ``T_series``: one row per series — ``series_id`` and every column of ``T`` except ``ts_ns``
   and the value columns (:attr:`collector.records.Table.values`);
-- ``T_points``: ``(ts_ns, series_id, values...)``, the only table that grows;
-- the view ``T``: the two joined back into exactly the columns of :data:`collector.records.TABLES`,
-  so every reader (analyzer, API, ``ioe query``) sees the table it always saw.
+- the points, kept in two forms and read as one through the view ``T_points``
+  (``ts_ns, series_id, values...``):
+
+  - ``T_recent``: ``(ts_ns, series_id, values...)`` in the order written (time order), where
+    every write appends;
+  - ``T_packed`` and ``T_times``: the points of closed time slices (:data:`SLICE_NS`), packed
+    by the store's maintenance (:func:`pack_statements`). ``T_times`` numbers each distinct
+    timestamp of a slice (``tix``, dense, in time order within the slice); ``T_packed`` holds
+    ``(series_id, tix, values...)`` sorted by series, then time. A series' values then sit side
+    by side (DuckDB's ALP and RLE compress them), and its times are small consecutive numbers
+    (bit-packed in a bit or two) rather than nanosecond timestamps whose scrape jitter costs ~21
+    bits a point in series order; each timestamp is stored once per slice, not once per point;
+- the view ``T``: ``T_points`` joined to ``T_series`` back into exactly the columns of
+  :data:`collector.records.TABLES`, so every reader (analyzer, API, ``ioe query``) sees the
+  table it always saw.
 
 Rules:
 
@@ -27,6 +39,16 @@ Rules:
    (:meth:`SeriesIndex.prune`).
 4. A file made with wide raw tables (before this layout) is converted when it is opened for
    writing, in one transaction (:func:`convert_statements`); opened read-only it is read as it is.
+   A file whose ``T_points`` is a table (schema 3) has it renamed ``T_recent`` and gets the
+   packed tables and the view, in one transaction (:func:`recent_statements`).
+5. Packing a slice moves every point of it (recent and already packed: late samples) into the
+   packed form in one transaction: the rows read through ``T_points`` before and after are
+   the same. Packed runs alternate direction (even series by rising ``tix``, odd by falling),
+   so the step between one series' run and the next is ~0 and a bit-packing group that spans
+   both stays a few bits wide.
+6. Time windows still prune: ``T_recent`` by its ``ts_ns`` zone maps; the packed rows through
+   the join, whose ``tix`` range DuckDB pushes into the ``T_packed`` scan (zone maps on ``tix``:
+   each slice's rows hold only its own ``tix`` range), so a window reads the slices it overlaps.
 
 The DuckLake store (``collector.lake``) keeps the wide tables: Parquet's dictionary encoding
 already stores a repeated description once per file.
@@ -44,6 +66,95 @@ if TYPE_CHECKING:
     import duckdb
 
 
+SLICE_NS = 3600 * 1_000_000_000  # the time slice packed at once (rule 5)
+
+
+def recent_name(table: str) -> str:
+    return f"{table}_recent"
+
+
+def packed_name(table: str) -> str:
+    return f"{table}_packed"
+
+
+def times_name(table: str) -> str:
+    return f"{table}_times"
+
+
+def _values(spec: Table, alias: str = "") -> str:
+    return ", ".join(f"{alias}{c}" for c in spec.values)
+
+
+def _typed(spec: Table) -> str:
+    return ", ".join(f"{c} {t}" for c, t in spec.columns if c in spec.values)
+
+
+def points_view_ddl(spec: Table) -> str:
+    """The view ``T_points``: recent and packed points, ``(ts_ns, series_id, values...)``."""
+    t = spec.name
+    return (
+        f"CREATE VIEW IF NOT EXISTS {points_name(t)} AS "
+        f"SELECT ts_ns, series_id, {_values(spec)} FROM {recent_name(t)} UNION ALL "
+        f"SELECT t.ts_ns, p.series_id, {_values(spec, 'p.')} "
+        f"FROM {packed_name(t)} AS p JOIN {times_name(t)} AS t USING (tix)"
+    )
+
+
+def points_statements(spec: Table) -> list[str]:
+    """``T_recent`` (the table writes append to), ``T_packed``, ``T_times`` and the view."""
+    t = spec.name
+    return [
+        f"CREATE TABLE IF NOT EXISTS {recent_name(t)} "
+        f"(ts_ns BIGINT NOT NULL, series_id BIGINT NOT NULL, {_typed(spec)})",
+        f"CREATE TABLE IF NOT EXISTS {packed_name(t)} "
+        f"(series_id BIGINT NOT NULL, tix BIGINT NOT NULL, {_typed(spec)})",
+        f"CREATE TABLE IF NOT EXISTS {times_name(t)} (tix BIGINT NOT NULL, ts_ns BIGINT NOT NULL)",
+        points_view_ddl(spec),
+    ]
+
+
+def recent_statements(spec: Table) -> list[str]:
+    """Rule 4: a schema-3 file's points table becomes ``T_recent`` (run in a transaction)."""
+    rename = f"ALTER TABLE {points_name(spec.name)} RENAME TO {recent_name(spec.name)}"
+    return [rename, *points_statements(spec)]
+
+
+def pack_statements(spec: Table, lo_ns: int, hi_ns: int) -> list[str]:
+    """Rule 5: every point of ``[lo_ns, hi_ns)`` into the packed form (run in a transaction).
+
+    The slice's points (recent and packed) are copied aside, deleted from both forms, and written
+    back packed: new ``tix`` numbers above every stored one, dense in time order."""
+    t, lo, hi = spec.name, int(lo_ns), int(hi_ns)
+    window = f"ts_ns >= {lo} AND ts_ns < {hi}"
+    vals = _values(spec)
+    direction = "CASE WHEN series_id % 2 = 0 THEN tix ELSE -tix END"
+    return [
+        f"CREATE OR REPLACE TEMP TABLE _slice AS "
+        f"SELECT ts_ns, series_id, {vals} FROM {points_name(t)} WHERE {window}",
+        f"CREATE OR REPLACE TEMP TABLE _tix AS SELECT ts_ns, "
+        f"(SELECT coalesce(max(tix), -1) FROM {times_name(t)}) + row_number() OVER (ORDER BY ts_ns) AS tix "
+        f"FROM (SELECT DISTINCT ts_ns FROM _slice)",
+        f"DELETE FROM {packed_name(t)} WHERE tix IN (SELECT tix FROM {times_name(t)} WHERE {window})",
+        f"DELETE FROM {times_name(t)} WHERE {window}",
+        f"DELETE FROM {recent_name(t)} WHERE {window}",
+        f"INSERT INTO {times_name(t)} SELECT tix, ts_ns FROM _tix ORDER BY tix",
+        f"INSERT INTO {packed_name(t)} SELECT series_id, tix, {vals} FROM _slice JOIN _tix USING (ts_ns) "
+        f"ORDER BY series_id, {direction}",
+        "DROP TABLE _slice",
+        "DROP TABLE _tix",
+    ]
+
+
+def delete_before_statements(spec: Table, before_ns: int) -> list[str]:
+    """Retention: the points older than ``before_ns`` from both forms."""
+    t, before = spec.name, int(before_ns)
+    return [
+        f"DELETE FROM {recent_name(t)} WHERE ts_ns < {before}",
+        f"DELETE FROM {packed_name(t)} WHERE tix IN (SELECT tix FROM {times_name(t)} WHERE ts_ns < {before})",
+        f"DELETE FROM {times_name(t)} WHERE ts_ns < {before}",
+    ]
+
+
 def view_ddl(spec: Table) -> str:
     """The view ``spec.name`` with exactly the wide table's columns, in its order."""
     cols = ", ".join(f"p.{c}" if c == "ts_ns" or c in spec.values else f"s.{c}" for c in spec.column_names)
@@ -54,8 +165,8 @@ def view_ddl(spec: Table) -> str:
 
 
 def create_statements(spec: Table) -> list[str]:
-    """``T_series`` (the raw table's key columns NOT NULL, rule 2), ``T_points`` and the view."""
-    return [series_table(spec).ddl(), points_table(spec).ddl(), view_ddl(spec)]
+    """``T_series`` (the raw table's key columns NOT NULL, rule 2), the points and the views."""
+    return [series_table(spec).ddl(), *points_statements(spec), view_ddl(spec)]
 
 
 def convert_statements(spec: Table) -> list[str]:
@@ -69,10 +180,10 @@ def convert_statements(spec: Table) -> list[str]:
     old = f"{spec.name}_wide"
     return [
         f"ALTER TABLE {spec.name} RENAME TO {old}",
-        *create_statements(spec)[:2],
+        *create_statements(spec)[:-1],
         f"INSERT INTO {series_name(spec.name)} SELECT row_number() OVER (ORDER BY first_ts, {ids}) - 1, "
         f"{ids} FROM (SELECT {ids}, min(ts_ns) AS first_ts FROM {old} GROUP BY ALL)",
-        f"INSERT INTO {points_name(spec.name)} SELECT w.ts_ns, s.series_id, {values} "
+        f"INSERT INTO {recent_name(spec.name)} SELECT w.ts_ns, s.series_id, {values} "
         f"FROM {old} AS w JOIN {series_name(spec.name)} AS s ON {match} ORDER BY w.ts_ns",
         f"DROP TABLE {old}",
         view_ddl(spec),

@@ -46,14 +46,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 NS_PER_MIN = 60_000_000_000
-# Block size of a new store file. DuckDB keeps rows appended since the last checkpoint in
-# memory, one block per column segment: 37 columns of the raw tables at DuckDB's default 256 KiB
-# pin ~20 MB even for a few rows. 64 KiB blocks cut a collector's peak RSS by ~18 MB at the same
-# insert cost (16 KiB cost ~10 % more CPU per insert; measured in bench/results/sidecar.md). An
-# existing file keeps the block size it was created with.
-BLOCK_SIZE = 64 * 1024
+# Block size of a new store file: DuckDB's default, 256 KiB. DuckDB compresses doubles with ALP
+# only in blocks this large: with 64 or 128 KiB blocks every value column stayed RLE or
+# uncompressed (an hour of 8 GPUs' packed values: 4.4 bytes a point at 64 KiB, 1.5 at 256 KiB;
+# bench/results/density.md). 64 KiB had been chosen when the raw tables were 37 wide columns,
+# each pinning a block of rows appended since the last checkpoint (~18 MB of a collector's RSS);
+# the points tables now have 14 columns in all. An existing file keeps the block size it was
+# created with.
+BLOCK_SIZE = 256 * 1024
+# How long after a time slice ends its points are packed (collector.series rule 5): samples of
+# a slice that arrive later are packed again with it, at the next pass.
+PACK_GRACE_NS = 2 * NS_PER_MIN
 # WAL size that triggers a checkpoint (DuckDB's default: 16 MiB). Until a checkpoint the appended
 # rows and their key index stay in memory; a collector writing ~900 rows/s reached 16 MiB after
 # ~2 min and +45 MB resident. At 4 MiB its DuckDB memory stays at 15-24 MB (1 MiB checkpoints so
@@ -76,6 +81,8 @@ SERIES_PRUNE_NS = 3600 * 1_000_000_000
 #   DuckLake keeps wide tables), so it has no statement here: Store._layout converts a file.
 # 2 -> 3: collective_records gains algo_proto and msg_bytes_max (the Inspector textfile's
 #   algorithm/protocol label and the upper end of its bucketed message sizes).
+# 3 -> 4: the points of a store file are kept recent and packed (collector.series rule 4):
+#   physical again, converted by Store._layout.
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, []),
     (
@@ -85,6 +92,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
             "ALTER TABLE collective_records ADD COLUMN IF NOT EXISTS msg_bytes_max BIGINT",
         ],
     ),
+    (3, []),
 ]
 
 
@@ -178,11 +186,12 @@ class Store(RowCounts):
     def _check_size(self) -> None:
         """A file shorter than the blocks its header lists was cut off (a copy that stopped, a full
         disk): DuckDB opens it and fails only when a query reaches a missing block, so it is
-        refused here. The file is three 4 KiB headers followed by ``total_blocks`` blocks."""
+        refused here. The file is three 4 KiB headers followed by at least ``used_blocks`` blocks
+        (``total_blocks`` counts free blocks too, and DuckDB cuts free blocks off the file's end)."""
         if self.path == ":memory:" or not Path(self.path).is_file():
             return
         got = self.con.execute(
-            "SELECT block_size, total_blocks FROM pragma_database_size() "
+            "SELECT block_size, used_blocks FROM pragma_database_size() "
             "WHERE database_name = current_database()"
         ).fetchone()
         if not got:
@@ -277,7 +286,8 @@ class Store(RowCounts):
 
     def _layout(self) -> None:
         """Every table of :data:`TABLES`: created when missing; a raw table in the series layout,
-        converted from a wide base table in one transaction (collector.series rule 4)."""
+        converted from a wide base table or a schema-3 points table in one transaction
+        (collector.series rule 4)."""
         kinds = dict(
             self.con.execute(
                 "SELECT table_name, table_type FROM information_schema.tables "
@@ -288,21 +298,26 @@ class Store(RowCounts):
             if not table.values:
                 self.con.execute(table.ddl())
             elif kinds.get(name) == "BASE TABLE":
-                self._convert(table)
+                log.info("store %s: converting %s to the series layout", self.path, name)
+                self._transaction(series.convert_statements(table))
+            elif kinds.get(points_name(name)) == "BASE TABLE":
+                log.info("store %s: keeping the points of %s recent and packed", self.path, name)
+                self._transaction(series.recent_statements(table))
             else:
                 for sql in series.create_statements(table):
                     self.con.execute(sql)
 
-    def _convert(self, table: Table) -> None:
-        log.info("store %s: converting %s to the series layout", self.path, table.name)
-        self.con.execute("BEGIN TRANSACTION")
+    def _transaction(self, statements: list[str], con: duckdb.DuckDBPyConnection | None = None) -> None:
+        """``statements`` in one transaction: all of them or, on any error, none."""
+        con = con or self.con
+        con.execute("BEGIN TRANSACTION")
         try:
-            for sql in series.convert_statements(table):
-                self.con.execute(sql)
-        except duckdb.Error:
-            self.con.execute("ROLLBACK")
+            for sql in statements:
+                con.execute(sql)
+        except BaseException:
+            con.execute("ROLLBACK")
             raise
-        self.con.execute("COMMIT")
+        con.execute("COMMIT")
 
     def _stamp(self, version: int) -> None:
         self.con.execute(f"INSERT INTO ioe_schema VALUES ({int(version)}, {time.time_ns()})")
@@ -349,16 +364,20 @@ class Store(RowCounts):
         return self._insert_unindexed(cur, spec, batch)
 
     def _insert_points(self, cur: duckdb.DuckDBPyConnection, spec: Table, batch: Any) -> int:
-        """A raw table's rows as points of its series (collector.series rules 1-2)."""
+        """A raw table's rows as points of its series (collector.series rules 1-2), appended to
+        ``T_recent``; the keys stored are those of every point (``T_points``)."""
         cols, height = _columns(batch, spec.column_names)
         index = self._series[spec.name]
         ids = index.ids(cur, cols)
         target = index.points
         data = {"ts_ns": cols["ts_ns"], "series_id": ids, **{c: cols[c] for c in spec.values}}
         unique = isinstance(batch, Batch) and batch.unique
-        return self._insert_unindexed(cur, target, Batch(target.name, data, height, unique=unique))
+        rows = Batch(target.name, data, height, unique=unique)
+        return self._insert_unindexed(cur, target, rows, into=series.recent_name(spec.name))
 
-    def _insert_unindexed(self, cur: duckdb.DuckDBPyConnection, spec: Table, batch: Any) -> int:
+    def _insert_unindexed(
+        self, cur: duckdb.DuckDBPyConnection, spec: Table, batch: Any, into: str = ""
+    ) -> int:
         """Insert into a table whose key has no index (``Table.indexed`` False): the points of a
         raw table.
 
@@ -372,6 +391,9 @@ class Store(RowCounts):
            skips row groups by their min/max).
         3. A batch entirely newer than the largest ``ts_ns`` stored cannot repeat a stored key,
            so rule 2 is skipped: a sidecar's scrapes (always newer) pay only for rule 1.
+
+        ``into``: the table appended to when it is not ``spec.name`` (the points of a raw table
+        go to ``T_recent``; rules 2-3 read every point through the view ``T_points``).
         """
         table = spec.name
         cols, key = ", ".join(spec.column_names), ", ".join(spec.key)
@@ -389,7 +411,7 @@ class Store(RowCounts):
             rows = "_stream AS b"
         else:
             rows = f"(SELECT DISTINCT ON ({key}) * FROM _stream) AS b"
-        sql = f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {rows}{where}"
+        sql = f"INSERT INTO {into or table} ({cols}) SELECT {cols} FROM {rows}{where}"
         stored = run_on_stream(cur, sql, batch)
         self._newest[table] = hi if newest is None else max(newest, hi)
         return stored
@@ -427,7 +449,11 @@ class Store(RowCounts):
         self._set_state("rollup_watermark_ns", cutoff)
         raw_before = min(now_ns - int(retention.raw_s * 1e9), cutoff)
         for table, index in self._series.items():  # the raw tables
-            done[f"deleted_{table}"] = self._delete_before(index.points.name, "ts_ns", raw_before)
+            old = f"SELECT count(*) FROM {points_name(table)} WHERE ts_ns < {int(raw_before)}"
+            got = self.con.execute(old).fetchone()
+            done[f"deleted_{table}"] = int(got[0]) if got else 0
+            if done[f"deleted_{table}"]:
+                self._transaction(series.delete_before_statements(index.spec, raw_before))
         # refused inputs are kept as long as raw rows (a garbage source adds some every scrape)
         done["deleted_ingest_errors"] = self._delete_before("ingest_errors", "ts_ns", raw_before)
         if now_ns - self._state("series_pruned_ns") >= SERIES_PRUNE_NS:
@@ -437,6 +463,38 @@ class Store(RowCounts):
         roll_before = now_ns - int(retention.rollup_s * 1e9)
         for table in ("gpu_samples_1m", "engine_samples_1m", "histogram_buckets_1m"):
             done[f"deleted_{table}"] = self._delete_before(table, "minute_ns", roll_before)
+        done.update(self._pack(now_ns))
+        return done
+
+    def pack(self, now_ns: int | None = None) -> dict[str, int]:
+        """Pack the closed time slices that have recent points; returns the points moved per table.
+
+        Rules (collector.series rule 5 says what packing does):
+
+        1. A slice is closed :data:`PACK_GRACE_NS` after it ends (``now_ns``: the wall clock,
+           or the time a maintenance pass is run for).
+        2. Each slice is packed in its own transaction: a crash or a failure part way keeps
+           every point, in one form or the other (the earlier slices packed, the rest recent).
+        3. A slice that gets late points after it was packed is packed again with them at the
+           next pass (they wait in ``T_recent`` until then, read like any other point).
+        """
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        with self._lock:
+            return self._retrying("packing", lambda: self._pack(now_ns))
+
+    def _pack(self, now_ns: int) -> dict[str, int]:
+        slice_ns = series.SLICE_NS
+        before = (now_ns - PACK_GRACE_NS) // slice_ns * slice_ns  # rule 1
+        done: dict[str, int] = {}
+        for name, index in self._series.items():
+            slices = self.con.execute(
+                f"SELECT ts_ns // {slice_ns} AS k, count(*) FROM {series.recent_name(name)} "
+                f"WHERE ts_ns >= 0 AND ts_ns < {int(before)} GROUP BY k ORDER BY k"
+            ).fetchall()
+            for k, _ in slices:  # rule 2
+                lo = int(k) * slice_ns
+                self._transaction(series.pack_statements(index.spec, lo, lo + slice_ns))
+            done[f"packed_{name}"] = sum(int(n) for _, n in slices)
         return done
 
     def _delete_before(self, table: str, column: str, before_ns: int) -> int:
@@ -455,7 +513,14 @@ class Store(RowCounts):
             self.con.execute("CHECKPOINT")
 
     def close(self) -> None:
+        """Pack the closed slices of a writable store file (an ``ioe ingest`` of past captures
+        runs no maintenance) and close it; a failed packing is logged, the points stay recent."""
         with self._lock:
+            if not self.read_only and self.path != ":memory:":
+                try:
+                    self.pack()
+                except duckdb.Error:
+                    log.exception("store %s: packing at close failed; the points stay as written", self.path)
             self._writer.close()
             self.con.close()
 
