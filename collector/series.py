@@ -116,7 +116,7 @@ def points_statements(spec: Table) -> list[str]:
 def recent_statements(spec: Table) -> list[str]:
     """Rule 4: a schema-3 file's points table becomes ``T_recent`` (run in a transaction)."""
     rename = f"ALTER TABLE {points_name(spec.name)} RENAME TO {recent_name(spec.name)}"
-    return [rename, *points_statements(spec)]
+    return [rename, *points_statements(spec), view_ddl(spec)]
 
 
 def pack_statements(spec: Table, lo_ns: int, hi_ns: int) -> list[str]:

@@ -270,7 +270,8 @@ class Store(RowCounts):
                     f"store {self.path}: schema version {current} is newer than this IOE ({SCHEMA_VERSION})"
                 )
             self.con.execute("CREATE TABLE IF NOT EXISTS ioe_schema (version INTEGER, applied_ns BIGINT)")
-            self.con.execute("CREATE TABLE IF NOT EXISTS ioe_state (key VARCHAR PRIMARY KEY, value BIGINT)")
+            # no index: a few rows, each replaced by _set_state (an index took three 256 KiB blocks)
+            self.con.execute("CREATE TABLE IF NOT EXISTS ioe_state (key VARCHAR NOT NULL, value BIGINT)")
             if current == 0:
                 self._layout()
                 self._stamp(SCHEMA_VERSION)
@@ -430,10 +431,11 @@ class Store(RowCounts):
     # Python value makes DuckDB import pandas (and with it pyarrow and numpy, +90 MB resident)
     # when it is installed, which a collector-only sidecar must not pay for.
     def maintain(self, now_ns: int | None = None, retention: Retention | None = None) -> dict[str, int]:
-        """Roll complete minutes up into ``*_1m`` and apply retention; returns rows touched.
+        """Roll complete minutes up into ``*_1m``, apply retention and pack closed slices
+        (:meth:`pack`); returns rows touched.
 
         The last two complete minutes are recomputed on every pass so late samples still land
-        in their rollup (``INSERT OR REPLACE`` on the minute's key).
+        in their rollup (the minutes' rows are deleted and inserted again in one transaction).
         """
         now_ns = time.time_ns() if now_ns is None else now_ns
         with self._lock:
@@ -444,7 +446,17 @@ class Store(RowCounts):
         done: dict[str, int] = {}
         since = max(self._state("rollup_watermark_ns") - 2 * NS_PER_MIN, 0)
         for name, sql in _ROLLUPS.items():
-            got = self.con.execute(sql.format(since=int(since), cutoff=int(cutoff))).fetchone()
+            # the window's minutes are replaced whole, in one transaction (the tables have no index)
+            self.con.execute("BEGIN TRANSACTION")
+            try:
+                self.con.execute(
+                    f"DELETE FROM {name} WHERE minute_ns >= {int(since)} AND minute_ns < {int(cutoff)}"
+                )
+                got = self.con.execute(sql.format(since=int(since), cutoff=int(cutoff))).fetchone()
+            except BaseException:
+                self.con.execute("ROLLBACK")
+                raise
+            self.con.execute("COMMIT")
             done[name] = int(got[0]) if got else 0
         self._set_state("rollup_watermark_ns", cutoff)
         raw_before = min(now_ns - int(retention.raw_s * 1e9), cutoff)
@@ -506,7 +518,12 @@ class Store(RowCounts):
         return int(row[0]) if row else 0
 
     def _set_state(self, key: str, value: int) -> None:
-        self.con.execute(f"INSERT OR REPLACE INTO ioe_state VALUES ({_text(key)}, {int(value)})")
+        self._transaction(
+            [
+                f"DELETE FROM ioe_state WHERE key = {_text(key)}",
+                f"INSERT INTO ioe_state VALUES ({_text(key)}, {int(value)})",
+            ]
+        )
 
     def checkpoint(self) -> None:
         with self._lock:
@@ -597,15 +614,16 @@ _MINUTE = f"(ts_ns - ts_ns % {NS_PER_MIN})"
 
 
 def _rollup(target: str, raw: str, inner: str, key: str, outer: str, last_of: str = "value") -> str:
-    """``INSERT OR REPLACE`` into ``target`` of the complete minutes in ``[since, cutoff)`` of the
-    raw table ``raw`` (series layout). The points are aggregated per minute and series first
-    (``inner``, on integers), then joined to their ~1,000 series and combined per rollup key
+    """``INSERT`` into ``target`` (its rows of the window deleted first) of the complete minutes
+    in ``[since, cutoff)`` of the raw table ``raw`` (series layout). The points are aggregated
+    per minute and series first (``inner``, on integers), then joined to their ~1,000 series and
+    combined per rollup key
     (``key``, ``outer``): the join and the grouping on text see one row per series and minute,
     not one per point. ``outer`` combines partial aggregates exactly: counts and sums add up,
     a mean is their ratio, the last value is the one with the latest ``ts_ns`` among the points
     whose ``last_of`` is not NULL (``arg_max`` leaves NULL values out)."""
     return f"""
-        INSERT OR REPLACE INTO {target}
+        INSERT INTO {target}
         SELECT m.minute_ns, {outer}
         FROM (SELECT {_MINUTE} AS minute_ns, series_id, count(*) AS n, {inner},
                      max(ts_ns) FILTER (WHERE {last_of} IS NOT NULL) AS last_ts

@@ -1,0 +1,277 @@
+"""Packed points (collector.series rules 4-6, Store.pack): closed hour slices move out of the
+time-ordered ``T_recent`` into ``T_packed`` + ``T_times``, and every reader sees the same rows.
+
+Inputs are hand-built: series named by index, values chosen so a lost, doubled or moved point
+changes a count or a sum.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from collector.records import TABLES, batch
+from collector.store import PACK_GRACE_NS, Retention, Store
+
+NS = 1_000_000_000
+HOUR = 3600 * NS
+BASE = 1_700_000_000 * NS // HOUR * HOUR  # a slice boundary, in the past
+FUTURE = 2_000_000_000 * NS // HOUR * HOUR  # one a close does not pack (2033)
+RAW = [name for name, spec in TABLES.items() if spec.values]
+
+
+def _gpu(hour: int, n_series: int = 20, step_s: int = 60, offset_s: int = 0, base: int = BASE) -> object:
+    ts = [base + hour * HOUR + (offset_s + k * step_s) * NS for k in range(3600 // step_s)]
+    return batch(
+        "gpu_samples",
+        {
+            "ts_ns": [t for t in ts for _ in range(n_series)],
+            "host": ["node0"] * (len(ts) * n_series),
+            "uuid": [f"GPU-{s}" for _ in ts for s in range(n_series)],
+            "metric": ["power_w"] * (len(ts) * n_series),
+            "value": [float(s * 1000 + k) for k in range(len(ts)) for s in range(n_series)],
+        },
+    )
+
+
+def _engine(hour: int) -> object:
+    ts = [BASE + hour * HOUR + k * 30 * NS for k in range(120)]
+    n = len(ts)
+    return batch(
+        "engine_samples",
+        {
+            "ts_ns": ts * 2,
+            "source": ["vllm"] * 2 * n,
+            "engine": ["vllm"] * 2 * n,
+            "model": ["m"] * 2 * n,
+            "concept": ["requests_running"] * n + ["prompt_tokens_total"] * n,
+            "value": [float(k % 9) for k in range(n)] + [float(10 * k) for k in range(n)],
+            "rate_per_s": [None] * n + [0.33] * n,
+        },
+    )
+
+
+def _snapshot(store: Store) -> dict[str, list[tuple[object, ...]]]:
+    with store.cursor() as cur:
+        return {t: cur.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in RAW}
+
+
+def _count(store: Store, table: str) -> int:
+    with store.cursor() as cur:
+        got = cur.execute(f"SELECT count(*) FROM {table}").fetchone()
+    return int(got[0]) if got else 0
+
+
+def test_packing_keeps_every_row_and_late_points_join_their_slice(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.duckdb")
+    for hour in range(3):
+        store.write("gpu_samples", _gpu(hour))
+        store.write("engine_samples", _engine(hour))
+    before = _snapshot(store)
+    # hour 2 is still open: it ends at BASE + 3 h, and is closed PACK_GRACE_NS later
+    done = store.pack(BASE + 3 * HOUR + PACK_GRACE_NS - 1)
+    assert done["packed_gpu_samples"] == 2 * 60 * 20 and done["packed_engine_samples"] == 2 * 240
+    assert _snapshot(store) == before
+    assert _count(store, "gpu_samples_recent") == 60 * 20
+    # a late point of packed hour 0 and a replay of packed points
+    late = _gpu(0, n_series=1, step_s=3600, offset_s=30)
+    assert store.write("gpu_samples", late) == 1
+    assert store.write("gpu_samples", _gpu(1)) == 0  # every key already stored (packed)
+    after_late = _snapshot(store)
+    assert len(after_late["gpu_samples"]) == len(before["gpu_samples"]) + 1
+    done = store.pack(BASE + 4 * HOUR)  # hour 0 again (its late point) and hour 2
+    assert done["packed_gpu_samples"] == 1 + 60 * 20
+    assert _snapshot(store) == after_late
+    assert _count(store, "gpu_samples_recent") == 0
+    with store.cursor() as cur:
+        times = cur.execute(
+            "SELECT count(*), count(DISTINCT tix), count(DISTINCT ts_ns) FROM gpu_samples_times"
+        )
+        assert times.fetchone() == (3 * 60 + 1,) * 3  # one row per distinct timestamp
+    store.close()
+    with Store(tmp_path / "s.duckdb", read_only=True) as reader:
+        assert _snapshot(reader) == after_late
+
+
+def test_packed_runs_are_sorted_by_series_and_alternate_in_time(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.duckdb")
+    store.write("gpu_samples", _gpu(0, n_series=3))
+    store.pack(BASE + 2 * HOUR)
+    with store.cursor() as cur:
+        rows = cur.execute("SELECT series_id, tix FROM gpu_samples_packed").fetchall()
+    assert [s for s, _ in rows] == sorted(s for s, _ in rows)
+    for sid in range(3):
+        run = [t for s, t in rows if s == sid]
+        assert run == sorted(run, reverse=sid % 2 == 1)
+    store.close()
+
+
+def test_maintenance_packs_and_retention_deletes_from_both_forms(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.duckdb")
+    for hour in range(3):
+        store.write("gpu_samples", _gpu(hour))
+    now = BASE + 3 * HOUR + PACK_GRACE_NS
+    done = store.maintain(now, Retention(raw_s=10 * 86400))
+    assert done["packed_gpu_samples"] == 3 * 60 * 20
+    assert _count(store, "gpu_samples_1m") == 3 * 60 * 20  # rollups read packed points too
+    rolled = store.con.execute("SELECT sum(n), sum(avg) FROM gpu_samples_1m").fetchone()
+    assert rolled == (3 * 60 * 20, 3 * sum(float(s * 1000 + k) for k in range(60) for s in range(20)))
+    # keep the last 90 minutes: hour 0 and the first half of hour 1 go, from the packed form
+    done = store.maintain(now, Retention(raw_s=(PACK_GRACE_NS + 90 * 60 * NS) / NS))
+    assert done["deleted_gpu_samples"] == 60 * 20 + 30 * 20
+    assert _count(store, "gpu_samples") == 90 * 20
+    with store.cursor() as cur:
+        orphan = cur.execute(
+            "SELECT count(*) FROM gpu_samples_packed ANTI JOIN gpu_samples_times USING (tix)"
+        )
+        assert orphan.fetchone() == (0,)
+    # the rollups written before are kept (their own retention)
+    assert _count(store, "gpu_samples_1m") == 3 * 60 * 20
+    store.close()
+
+
+def test_closing_a_file_packs_its_closed_slices(tmp_path: Path) -> None:
+    """``ioe ingest`` runs no maintenance: closing the store packs what it imported."""
+    path = tmp_path / "s.duckdb"
+    with Store(path) as store:
+        store.write("gpu_samples", _gpu(0))
+        before = _snapshot(store)
+    with Store(path) as store:
+        assert _count(store, "gpu_samples_recent") == 0
+        assert _count(store, "gpu_samples_packed") == 60 * 20
+        assert _snapshot(store) == before
+
+
+def test_a_schema_3_file_keeps_its_points_and_gets_the_packed_layout(tmp_path: Path) -> None:
+    """A file of the previous layout: ``gpu_samples_points`` a table, version 3 stamped."""
+    path = tmp_path / "v3.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE ioe_schema (version INTEGER, applied_ns BIGINT)")
+    con.execute("INSERT INTO ioe_schema VALUES (3, 0)")
+    spec = TABLES["gpu_samples"]
+    cols = ", ".join(f"{c} {t}" for c, t in spec.columns if c in spec.series_columns)
+    con.execute(f"CREATE TABLE gpu_samples_series (series_id BIGINT PRIMARY KEY, {cols})")
+    con.execute(
+        "CREATE TABLE gpu_samples_points (ts_ns BIGINT NOT NULL, series_id BIGINT NOT NULL, value DOUBLE)"
+    )
+    con.execute(
+        "INSERT INTO gpu_samples_series (series_id, host, uuid, metric) VALUES (0, 'n', 'G0', 'power_w')"
+    )
+    con.execute(f"INSERT INTO gpu_samples_points SELECT {BASE} + i * {NS}, 0, i FROM range(100) AS r(i)")
+    con.close()
+    with Store(path) as store:
+        assert store.schema_version() == 4
+        kinds = dict(
+            store.con.execute("SELECT table_name, table_type FROM information_schema.tables").fetchall()
+        )
+        assert kinds["gpu_samples_points"] == "VIEW" and kinds["gpu_samples_recent"] == "BASE TABLE"
+        got = store.con.execute("SELECT count(*), sum(value), min(uuid) FROM gpu_samples").fetchone()
+        assert got == (100, float(sum(range(100))), "G0")
+    with Store(path) as store:  # packed at the close before
+        assert _count(store, "gpu_samples_packed") == 100
+        got = store.con.execute("SELECT count(*), sum(value), min(ts_ns) FROM gpu_samples").fetchone()
+        assert got == (100, float(sum(range(100))), BASE)
+
+
+def _rows_scanned(path: Path, sql: str, table: str, tmp: Path) -> int:
+    """Rows DuckDB's scan of ``table`` read for ``sql`` (its own profiler)."""
+    con = duckdb.connect(str(path), read_only=True)
+    out = tmp / "profile.json"
+    con.execute("PRAGMA enable_profiling='json'")
+    con.execute(f"SET profiling_output='{out}'")
+    con.execute(
+        "PRAGMA custom_profiling_settings='"
+        '{"OPERATOR_ROWS_SCANNED": "true", "OPERATOR_NAME": "true", "EXTRA_INFO": "true"}\''
+    )
+    con.execute(sql).fetchall()
+    con.execute("PRAGMA disable_profiling")
+    con.close()
+    found: list[int] = []
+
+    def walk(node: dict[str, object]) -> None:
+        info = node.get("extra_info") or {}
+        if isinstance(info, dict) and str(info.get("Table", "")).endswith(table):
+            found.append(int(node.get("operator_rows_scanned") or 0))
+        for child in node.get("children", []) or []:  # type: ignore[attr-defined]
+            walk(child)
+
+    walk(json.loads(out.read_text()))
+    assert found, f"no scan of {table} in the profile"
+    return sum(found)
+
+
+def test_a_time_window_reads_only_the_packed_slices_it_overlaps(tmp_path: Path) -> None:
+    """Four hours of 200 series every 5 s: 144,000 points a slice, more than a row group (122,880
+    rows). A 15-minute window inside hour 2 reads at most the two row groups hour 2 spans."""
+    path = tmp_path / "s.duckdb"
+    store = Store(path)
+    for hour in range(4):
+        store.write("gpu_samples", _gpu(hour, n_series=200, step_s=5))
+    store.pack(BASE + 5 * HOUR)
+    store.close()
+    lo, hi = BASE + 2 * HOUR + 600 * NS, BASE + 2 * HOUR + 1500 * NS
+    for sql in (
+        f"SELECT count(*), sum(value) FROM gpu_samples_points WHERE ts_ns >= {lo} AND ts_ns < {hi}",
+        f"SELECT count(*), sum(value) FROM gpu_samples "
+        f"WHERE ts_ns >= {lo} AND ts_ns < {hi} AND uuid = 'GPU-3'",
+    ):
+        scanned = _rows_scanned(path, sql, "gpu_samples_packed", tmp_path)
+        assert 0 < scanned <= 2 * 122_880 < 4 * 144_000
+    con = duckdb.connect(str(path), read_only=True)
+    got = con.execute(f"SELECT count(*) FROM gpu_samples WHERE ts_ns >= {lo} AND ts_ns < {hi}").fetchone()
+    con.close()
+    assert got == (180 * 200,)
+
+
+_PACKER = """
+import sys
+from collector.store import Store
+store = Store(sys.argv[1], threads=1)
+print("packing", flush=True)
+store.pack(int(sys.argv[2]))
+print("packed", flush=True)
+store.close()
+"""
+
+
+@pytest.mark.parametrize("delay_s", [0.05, 0.3, 0.8])
+def test_a_kill_during_packing_loses_no_point(tmp_path: Path, delay_s: float) -> None:
+    """SIGKILL at some moment of packing a slice of 1.2 M points: reopened, the store holds every
+    point exactly once, in one form or the other (rule 2 of Store.pack)."""
+    path = tmp_path / "s.duckdb"
+    with Store(path) as store:
+        for part in range(6):  # in the future of the close: nothing is packed yet
+            store.write("gpu_samples", _gpu(0, n_series=1000, step_s=18, offset_s=3 * part, base=FUTURE))
+        expected = store.con.execute(
+            "SELECT count(*), sum(value), sum(ts_ns % 1000003) FROM gpu_samples"
+        ).fetchone()
+    assert expected[0] == 6 * 200 * 1000
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _PACKER, str(path), str(FUTURE + 2 * HOUR)],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == b"packing"
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    with Store(path, read_only=True) as reader:
+        got = reader.con.execute(
+            "SELECT count(*), sum(value), sum(ts_ns % 1000003) FROM gpu_samples"
+        ).fetchone()
+        dupes = reader.con.execute(
+            "SELECT count(*) FROM "
+            "(SELECT ts_ns, series_id FROM gpu_samples_points GROUP BY ALL HAVING count(*) > 1)"
+        ).fetchone()
+    assert got == expected and dupes == (0,)
