@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -196,11 +197,11 @@ def _rows_scanned(path: Path, sql: str, table: str, tmp: Path) -> int:
     con.close()
     found: list[int] = []
 
-    def walk(node: dict[str, object]) -> None:
+    def walk(node: dict[str, Any]) -> None:
         info = node.get("extra_info") or {}
         if isinstance(info, dict) and str(info.get("Table", "")).endswith(table):
             found.append(int(node.get("operator_rows_scanned") or 0))
-        for child in node.get("children", []) or []:  # type: ignore[attr-defined]
+        for child in node.get("children") or []:
             walk(child)
 
     walk(json.loads(out.read_text()))
@@ -253,7 +254,7 @@ def test_a_kill_during_packing_loses_no_point(tmp_path: Path, delay_s: float) ->
         expected = store.con.execute(
             "SELECT count(*), sum(value), sum(ts_ns % 1000003) FROM gpu_samples"
         ).fetchone()
-    assert expected[0] == 6 * 200 * 1000
+    assert expected is not None and expected[0] == 6 * 200 * 1000
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.Popen(
         [sys.executable, "-c", _PACKER, str(path), str(FUTURE + 2 * HOUR)],
