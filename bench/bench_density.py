@@ -44,6 +44,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
+
 from bench.bench_sidecar import _DEFAULT_FIELDS
 from collector.formats.scrape import ScrapeCache, parse_scrape, replay_scrape
 from collector.store import Store
@@ -191,8 +193,23 @@ def store_bytes(db: Path) -> int:
 
 
 def gpu_points(db: Path) -> int:
-    with Store(db, read_only=True) as st:
-        return st.count("gpu_samples")
+    """GPU samples in the store (a plain read-only connection: it reads any version's file)."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        got = con.execute("SELECT count(*) FROM gpu_samples").fetchone()
+    finally:
+        con.close()
+    return int(got[0]) if got else 0
+
+
+def used_bytes(db: Path) -> int:
+    """Bytes of the blocks DuckDB has in use (the file also holds free blocks it reuses)."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        got = con.execute("SELECT block_size * used_blocks FROM pragma_database_size()").fetchone()
+    finally:
+        con.close()
+    return int(got[0]) if got else 0
 
 
 def run_sidecar(tmp: Path, seconds: int, jitter: bool) -> tuple[int, int, float]:
@@ -270,7 +287,12 @@ def main() -> None:
                     raise SystemExit(f"{name}: {stored} samples stored, {samples} written")
                 rows[name].append(size / samples)
                 per = size / samples
-                print(f"round {r + 1} {name:10s} {size:>11,d} bytes {per:6.3f} B/sample ({took:.1f} s)")
+                used = (
+                    ""
+                    if name == "prometheus"
+                    else f", in use {used_bytes(tmp / f'{name}.duckdb') / samples:.3f}"
+                )
+                print(f"round {r + 1} {name:10s} {size:>11,d} bytes {per:6.3f} B/sample{used} ({took:.1f} s)")
             if args.keep and r == args.rounds - 1:
                 shutil.rmtree(args.keep, ignore_errors=True)
                 shutil.copytree(tmp, args.keep, ignore=shutil.ignore_patterns("scrapes"))

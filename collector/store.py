@@ -9,8 +9,9 @@ The small tables enforce their key with a PRIMARY KEY. The four raw sample table
 (``Table.indexed``): there the index was ~77 % of the file and half the insert CPU (2 days of
 one node's samples: ~12 GB with it, ~3 GB without; ``bench/results/sidecar.md``), so
 :meth:`Store._insert_unindexed` keeps the key unique instead. In a store file they are views
-over a series table and a points table (:mod:`collector.series`): each description is stored
-once, and a write appends ``(ts_ns, series_id, values)``.
+over a series table and the points (:mod:`collector.series`): each description is stored
+once, and a write appends ``(ts_ns, series_id, values)`` to ``T_recent``. Maintenance (and the
+close of a writable file) packs each closed hour of points by series (:meth:`Store.pack`).
 
 The schema is versioned in ``ioe_schema``: a new file is created at the current version, an
 older file is brought forward by the steps in :data:`MIGRATIONS`.
