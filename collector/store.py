@@ -447,12 +447,15 @@ class Store(RowCounts):
         done: dict[str, int] = {}
         since = max(self._state("rollup_watermark_ns") - 2 * NS_PER_MIN, 0)
         for name, sql in _ROLLUPS.items():
-            # the window's minutes are replaced whole, in one transaction (the tables have no index)
+            # the minutes of the window that have raw points are replaced whole, in one transaction
+            # (the tables have no index); a minute whose raw points retention deleted keeps its rollup
+            raw = points_name(name.removesuffix("_1m"))
+            minutes = (
+                f"SELECT DISTINCT {_MINUTE} FROM {raw} WHERE ts_ns >= {int(since)} AND ts_ns < {int(cutoff)}"
+            )
             self.con.execute("BEGIN TRANSACTION")
             try:
-                self.con.execute(
-                    f"DELETE FROM {name} WHERE minute_ns >= {int(since)} AND minute_ns < {int(cutoff)}"
-                )
+                self.con.execute(f"DELETE FROM {name} WHERE minute_ns IN ({minutes})")
                 got = self.con.execute(sql.format(since=int(since), cutoff=int(cutoff))).fetchone()
             except BaseException:
                 self.con.execute("ROLLBACK")
