@@ -122,25 +122,25 @@ def recent_statements(spec: Table) -> list[str]:
 def pack_statements(spec: Table, lo_ns: int, hi_ns: int) -> list[str]:
     """Rule 5: every point of ``[lo_ns, hi_ns)`` into the packed form (run in a transaction).
 
-    The slice's points (recent and packed) are copied aside, deleted from both forms, and written
-    back packed: new ``tix`` numbers above every stored one, dense in time order."""
+    The slice's timestamps get new ``tix`` numbers above every stored one (dense, in time order);
+    its points (recent and already packed) are written packed under them, then the old forms
+    are deleted: packed rows by their old ``tix`` (the new ones are not in ``T_times`` yet),
+    recent rows by time. No copy of the slice is held aside: the sort spills to disk under a
+    small memory limit."""
     t, lo, hi = spec.name, int(lo_ns), int(hi_ns)
     window = f"ts_ns >= {lo} AND ts_ns < {hi}"
-    vals = _values(spec)
-    direction = "CASE WHEN series_id % 2 = 0 THEN tix ELSE -tix END"
+    direction = "CASE WHEN p.series_id % 2 = 0 THEN x.tix ELSE -x.tix END"
     return [
-        f"CREATE OR REPLACE TEMP TABLE _slice AS "
-        f"SELECT ts_ns, series_id, {vals} FROM {points_name(t)} WHERE {window}",
         f"CREATE OR REPLACE TEMP TABLE _tix AS SELECT ts_ns, "
         f"(SELECT coalesce(max(tix), -1) FROM {times_name(t)}) + row_number() OVER (ORDER BY ts_ns) AS tix "
-        f"FROM (SELECT DISTINCT ts_ns FROM _slice)",
+        f"FROM (SELECT DISTINCT ts_ns FROM {points_name(t)} WHERE {window})",
+        f"INSERT INTO {packed_name(t)} SELECT p.series_id, x.tix, {_values(spec, 'p.')} "
+        f"FROM {points_name(t)} AS p JOIN _tix AS x USING (ts_ns) WHERE p.{window} "
+        f"ORDER BY p.series_id, {direction}",
         f"DELETE FROM {packed_name(t)} WHERE tix IN (SELECT tix FROM {times_name(t)} WHERE {window})",
         f"DELETE FROM {times_name(t)} WHERE {window}",
         f"DELETE FROM {recent_name(t)} WHERE {window}",
         f"INSERT INTO {times_name(t)} SELECT tix, ts_ns FROM _tix ORDER BY tix",
-        f"INSERT INTO {packed_name(t)} SELECT series_id, tix, {vals} FROM _slice JOIN _tix USING (ts_ns) "
-        f"ORDER BY series_id, {direction}",
-        "DROP TABLE _slice",
         "DROP TABLE _tix",
     ]
 
