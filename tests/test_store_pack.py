@@ -276,3 +276,31 @@ def test_a_kill_during_packing_loses_no_point(tmp_path: Path, delay_s: float) ->
             "(SELECT ts_ns, series_id FROM gpu_samples_points GROUP BY ALL HAVING count(*) > 1)"
         ).fetchone()
     assert got == expected and dupes == (0,)
+
+
+def test_an_hour_is_packed_under_a_collectors_memory_cap(tmp_path: Path) -> None:
+    """The collector-only sidecar caps DuckDB at 32MB; an hour of one node's histogram buckets
+    (~2.9 M points) is larger. Here 720,000 points under a 16MB cap: the sort spills, nothing is
+    held aside in memory, and every point is kept."""
+    store = Store(tmp_path / "s.duckdb", threads=1, memory_limit="16MB")
+    n = 200
+    for part in range(10):  # 360 scrapes a write
+        ks = range(part * 360, (part + 1) * 360)
+        rows = {
+            "ts_ns": [BASE + k * NS for k in ks for _ in range(n)],
+            "source": ["vllm"] * (360 * n),
+            "engine": ["vllm"] * (360 * n),
+            "model": ["m"] * (360 * n),
+            "concept": [f"c{s // 20}" for _ in ks for s in range(n)],
+            "le": [float(s % 20) for _ in ks for s in range(n)],
+            "cumulative_count": [float(k * (s % 20)) for k in ks for s in range(n)],
+        }
+        store.write("histogram_buckets", batch("histogram_buckets", rows))
+    expected = store.con.execute("SELECT count(*), sum(cumulative_count) FROM histogram_buckets").fetchone()
+    assert store.pack(BASE + 2 * HOUR)["packed_histogram_buckets"] == 3600 * n
+    assert (
+        store.con.execute("SELECT count(*), sum(cumulative_count) FROM histogram_buckets").fetchone()
+        == expected
+    )
+    assert _count(store, "histogram_buckets_recent") == 0
+    store.close()
