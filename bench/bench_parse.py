@@ -60,8 +60,11 @@ VARIANTS = 16  # bodies per fixture, parsed in turn (rule 5)
 
 def variants(text: str, count: int = VARIANTS, seed: int = 24) -> list[str]:
     """Rule 5: ``count`` bodies of ``text``'s series with other values (and timestamps): the
-    first is the fixture itself; in the others every finite value moves by up to 1 % (at least
-    up to 0.01), and every timestamp by one second per body."""
+    first is the fixture itself. In the others a whole-number value (a counter, a bucket count)
+    grows by a whole 0-1 % (at least 0-1) and is written as the exporter wrote it (``9747.0``),
+    any other finite value moves by up to ±1 % (at least ±0.01) and is written as Python's
+    ``repr`` (as prometheus_client renders it, up to 17 digits), NaN and infinities stay, and
+    every timestamp moves by one second per body."""
     rng = random.Random(seed)
     lines = text.split("\n")
     out = [text]
@@ -72,8 +75,13 @@ def variants(text: str, count: int = VARIANTS, seed: int = 24) -> list[str]:
                 cut = line.rfind("}") + 1 or len(line.split(None, 1)[0])
                 head, tokens = line[:cut], line[cut:].split()
                 value = float(tokens[0])
-                if math.isfinite(value):
-                    tokens[0] = repr(value + rng.random() * max(abs(value), 1.0) * 0.01)
+                if value.is_integer():
+                    step = float(rng.randint(0, max(1, int(abs(value) * 0.01))))
+                    tokens[0] = (
+                        repr(value + step) if "." in tokens[0] or "e" in tokens[0] else str(int(value + step))
+                    )
+                elif math.isfinite(value):
+                    tokens[0] = repr(value + rng.uniform(-1.0, 1.0) * max(abs(value), 1.0) * 0.01)
                 if len(tokens) > 1:
                     tokens[1] = str(int(tokens[1]) + 1000 * k)
                 line = f"{head} {' '.join(tokens)}"

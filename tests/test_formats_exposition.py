@@ -305,3 +305,20 @@ def test_series_cache_is_bounded_and_forgets_series_that_went_away() -> None:
         _through_cache([body, _bump_values(body, 1)], cache)
         assert len(cache.series) <= 100 + 10 and len(cache.ids) <= 100 + 10
     assert len(cache.series) < 30 * 10
+
+
+def test_known_series_in_another_order_and_rule_8_through_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = (DATA / "engine" / "sglang_0.5.23.prom").read_text()
+    lines = text.split("\n")
+    at = [i for i, line in enumerate(lines) if line and not line.startswith("#")]
+    lines[at[3]], lines[at[-3]] = lines[at[-3]], lines[at[3]]  # two known series swap places
+    known = _known_scans(monkeypatch)
+    _through_cache([text, "\n".join(lines)])
+    assert known == [False, True]
+    # a known series text whose name rule 8 renames under the family now around it
+    known.clear()
+    bodies = ["vllm_a_total 2\nx 1\n", "# TYPE vllm:a counter\nvllm:a_total 1\nx 1\n"]
+    bodies.append("# TYPE vllm:a counter\nvllm_a_total 1\nx 1\n")
+    _through_cache(bodies)
+    assert known == [False, False, False]
+    assert [s.name for s in parse(bodies[-1]).samples] == ["vllm:a_total", "x"]

@@ -83,7 +83,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain, compress, repeat
-from operator import itemgetter, not_
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -183,11 +183,16 @@ class _Series(NamedTuple):
 
 
 class _Layout(NamedTuple):
-    """The last clean body's lines that are not samples (rule 11), and what they declared."""
+    """The last clean body's lines (rule 11): where its samples were, its other lines, its series."""
 
     om: bool
-    mask: tuple[bool, ...]  # per line of the body: True for a comment or blank line
-    others: tuple[str, ...]  # those lines, in order
+    lines: int
+    others_at: Any  # lines -> the comment and blank lines (a picker)
+    samples_at: Any  # lines -> the sample lines (a picker)
+    others: tuple[str, ...]
+    prefixes: tuple[str, ...]  # the series text of each sample line, in order
+    names: tuple[str, ...]
+    labels: tuple[Mapping[str, str], ...]
     types: dict[str, str]
     helps: dict[str, str]
     eof: bool
@@ -369,21 +374,20 @@ def _learn(
     value_texts: tuple[str, ...],
 ) -> None:
     """Rule 11: remember the series texts of a clean body the fast scan accepted (no rule-8
-    rename), and its non-sample lines when every sample line is ``series text + " " + value``.
+    rename), and its layout when every sample line is ``series text + " " + value``.
 
     The fast scan's rows are the body's non-empty lines in order, so its sample rows are the
     non-empty lines that are not comments.
     """
+    memo.layout = None
     lines = text.split("\n")
-    sample_lines = [line for line in lines if line and not line.lstrip(" \t").startswith("#")]
-    if len(sample_lines) != len(names):
-        memo.layout = None
+    at = [i for i, line in enumerate(lines) if line and not line.lstrip(" \t").startswith("#")]
+    if len(at) != len(names):
         return
     series, ids, every = memo.series, memo.ids, True
-    for line, name, labels, canon, value_text in zip(
-        sample_lines, names, label_sets, canons, value_texts, strict=True
-    ):
-        prefix, blank, tail = line.rpartition(" ")
+    prefixes = []
+    for i, name, labels, canon, value_text in zip(at, names, label_sets, canons, value_texts, strict=True):
+        prefix, blank, tail = lines[i].rpartition(" ")
         if not blank or tail != value_text:
             every = False  # e.g. blanks after the value: such a line is parsed in full every time
             continue
@@ -391,15 +395,21 @@ def _learn(
         if sid is None:
             sid = ids[(name, canon)] = len(ids)
         series[prefix] = _Series(name, labels, sid)
-    mask = tuple(map(not_, map(series.get, map(itemgetter(0), map(str.rpartition, lines, repeat(" "))))))
-    if not every or mask.count(False) != len(sample_lines):
-        memo.layout = None
+        prefixes.append(prefix)
+    if not every:
         return
+    chosen = set(at)
+    others_at = picker([i for i in range(len(lines)) if i not in chosen])
     spaces = {f.split(":", 1)[0] + "_" for f in chain(st.exp.types, st.exp.helps) if ":" in f}
     memo.layout = _Layout(
         st.om,
-        mask,
-        tuple(compress(lines, mask)),
+        len(lines),
+        others_at,
+        picker(at),
+        others_at(lines),
+        tuple(prefixes),
+        names,
+        label_sets,
         dict(st.exp.types),
         dict(st.exp.helps),
         st.eof,
@@ -409,33 +419,35 @@ def _learn(
 
 def _scan_known(text: str, st: _State, memo: ParseCache) -> bool:
     """Rule 11: a body read from known series texts and its value texts alone, or False
-    (``st`` untouched) when it is not made of the last clean body's lines but for values."""
+    (``st`` untouched) when it is not the last clean body's lines but for known series and values."""
     layout = memo.layout
     if layout is None or layout.om != st.om or st.check_utf8:
         return False
     lines = text.split("\n")
-    if len(lines) != len(layout.mask):
+    if len(lines) != layout.lines or layout.others_at(lines) != layout.others:
         return False
-    parts = list(map(str.rpartition, lines, repeat(" ")))
-    found = list(map(memo.series.get, map(itemgetter(0), parts)))
-    mask = tuple(map(not_, found))
-    if mask != layout.mask or tuple(compress(lines, mask)) != layout.others:
-        return False
-    value_texts = list(map(itemgetter(2), compress(parts, map(not_, mask))))
+    parts = list(map(str.rpartition, layout.samples_at(lines), repeat(" ")))
+    prefixes = tuple(map(itemgetter(0), parts))
+    if prefixes == layout.prefixes:  # the same series in the same order as the clean body learned
+        names, label_sets = layout.names, layout.labels
+    else:
+        found = list(map(memo.series.get, prefixes))
+        if None in found:
+            return False  # a new series or not a sample line: the full scan
+        names, label_sets, ids = zip(*found, strict=True)
+        if len(set(ids)) != len(ids):
+            return False  # a duplicate series: the full scan names it
+        if layout.spaces:
+            joined = "\n" + "\n".join(names)
+            if any(space in joined for space in layout.spaces):
+                return False  # rule 8 may rename by position: the full scan does it
+    value_texts = list(map(itemgetter(2), parts))
     if value_texts and not _VALUE_TEXTS.fullmatch("\n".join(value_texts)):
         return False
     try:
         values = list(map(float, value_texts))
     except ValueError:
         return False
-    known: list[_Series] = list(filter(None, found))
-    names, label_sets, ids = zip(*known, strict=True) if known else ((), (), ())
-    if len(set(ids)) != len(ids):
-        return False  # a duplicate series: the full scan names it
-    if layout.spaces:
-        joined = "\n" + "\n".join(names)
-        if any(space in joined for space in layout.spaces):
-            return False  # rule 8 may rename by position: the full scan does it
     st.exp.types, st.exp.helps, st.eof = dict(layout.types), dict(layout.helps), layout.eof
     st.exp.samples.extend(map(_new_sample, zip(names, label_sets, values, repeat(None))))
     return True
