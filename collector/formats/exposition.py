@@ -68,9 +68,11 @@ Rules (numbered so that errors and tests can point at them):
     ``_``, ``#``, ``{`` or ``}``), else None. Such a body has the remembered shape: the label
     block ends before the last space, so only the value can differ.
 
-Two paths accept the same language: a column-wise fast path for clean bodies (what the
-benchmark measures) and an exact line-by-line path, used for the whole body as soon as
-anything is refused, that names every problem with its line number.
+Three paths accept the same language: with a :class:`ParseCache`, the series path of rule 11
+for a body made of known series and new values (what a scraper mostly runs, and what the
+benchmark's ``ioe`` side measures); a column-wise fast path for any clean body (``ioe cold``);
+and an exact line-by-line path, used for the whole body as soon as anything is refused, that
+names every problem with its line number.
 
 This parser is laxer than Prometheus's Go parser in one way: it does not check that samples
 of one family are contiguous or that histogram buckets are ordered.
@@ -328,8 +330,7 @@ def _scan_clean(text: str, st: _State) -> bool:
     Returns False, leaving ``st`` half-filled, when the body has anything it does not fully
     accept (a problem, an exemplar, a timestamp, invalid UTF-8, text after ``# EOF``): the
     caller then reparses the whole body with :func:`_scan_exact`, which names every problem
-    with its line number. Both paths accept the same language; this one is what the 10x
-    benchmark measures.
+    with its line number. Both paths accept the same language.
     """
     if st.check_utf8:
         return False
