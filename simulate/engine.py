@@ -117,21 +117,6 @@ class EngineObserver(Protocol):
 
 
 @dataclass
-class Activity:
-    """Cumulative GPU-side work of the engine, read by the counter sampler."""
-
-    busy_s: float = 0.0
-    compute_s: float = 0.0
-    hbm_s: float = 0.0
-    compute_bound_s: float = 0.0  # steps whose GPU part is the compute roofline
-    memory_bound_s: float = 0.0  # steps whose GPU part is the HBM roofline
-    comm_s: float = 0.0
-    comm_bytes: float = 0.0
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-
-
-@dataclass
 class EngineSim:
     """One engine replica (a DP rank); see the module rules."""
 
@@ -142,7 +127,6 @@ class EngineSim:
     clock: float = 0.0
     waiting: deque[Request] = field(default_factory=deque)
     running: list[Request] = field(default_factory=list)
-    activity: Activity = field(default_factory=Activity)
     preemptions: int = 0
     _next: Arrival | None = None
     _rid: int = 0
@@ -191,7 +175,6 @@ class EngineSim:
         ctx = sum(r.kv_tokens for r in decoders)
         cost = self.step(len(decoders), ctx, prefill_tokens, self.clock)
         self.clock += cost.seconds
-        self._account(cost, len(decoders), prefill_tokens)
         self.observer.step(cost, len(decoders), prefill_tokens, cost.seconds)
         for req in decoders:
             req.generated += 1
@@ -246,20 +229,6 @@ class EngineSim:
             chunks.append((req, n))
             budget -= n
         return chunks
-
-    def _account(self, cost: StepCost, decoders: int, prefill_tokens: int) -> None:
-        a = self.activity
-        a.busy_s += cost.seconds
-        a.compute_s += cost.compute_s
-        a.hbm_s += cost.hbm_s
-        if cost.compute_s >= cost.hbm_s:
-            a.compute_bound_s += cost.compute_s
-        else:
-            a.memory_bound_s += cost.hbm_s
-        a.comm_s += cost.comm_s
-        a.comm_bytes += cost.comm_bytes_per_gpu
-        a.prefill_tokens += prefill_tokens
-        a.decode_tokens += decoders
 
     def _finish_done(self) -> None:
         keep: list[Request] = []

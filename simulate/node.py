@@ -112,9 +112,10 @@ class DeploymentSim:
     2. When a prefill finishes, its KV cache is sent to the next decode engine (round-robin) over
        ``kv_fabric``; transfers from one prefill engine's NICs go one after another, and
        congestion (a fault) divides the fabric's bandwidth as for collectives.
-    3. The decode engine receives the request when the transfer ends, with its KV in place, and
-       records the transfer in ``vllm:nixl_xfer_time_seconds`` and ``vllm:nixl_bytes_transferred``;
-       its TTFT runs from the request's arrival at the prefill engine. The prefill GPUs send the
+    3. The decode engine receives the request when the transfer ends, with its KV in place; the
+       transfer's wire time and bytes go to its ``vllm:nixl_xfer_time_seconds`` and
+       ``vllm:nixl_bytes_transferred`` when it is posted (before any wait for the link). Its TTFT
+       runs from the request's arrival at the prefill engine. The prefill GPUs send the
        bytes (PCIe TX), the decode GPUs receive them (PCIe RX).
     """
 
@@ -222,7 +223,7 @@ class DeploymentSim:
         """Rules 2-3: the prefilled request's KV goes to the next decode engine."""
         d = self.spec
         seconds, nbytes = kv_transfer_s(d, done.isl)
-        seconds /= self.model._congestion(done.finish_s)
+        seconds /= self.model.congestion(done.finish_s)
         start = max(done.finish_s, self._link_free.get(index, 0.0))
         end = start + seconds
         self._link_free[index] = end

@@ -98,6 +98,16 @@ class SimDeployment:
     def __post_init__(self) -> None:
         if self.ep not in (1, self.tp * self.pp):
             raise ValueError(f"deployment {self.name}: ep must be 1 or tp × pp = {self.tp * self.pp}")
+        f = self.faults
+        for name in ("straggler_gpu", "power_limit_gpu", "link_error_gpu", "xid_gpu", "host_contention_gpu"):
+            rank = getattr(f, name)
+            if rank >= self.per_engine:
+                raise ValueError(
+                    f"deployment {self.name}: faults.{name} = {rank} is not a rank of its "
+                    f"{self.per_engine}-GPU group (0..{self.per_engine - 1})"
+                )
+        if f.power_limit_gpu >= 0 and f.power_limit_w <= 0:
+            raise ValueError(f"deployment {self.name}: faults.power_limit_gpu needs power_limit_w > 0 W")
 
     @property
     def per_engine(self) -> int:

@@ -94,10 +94,6 @@ class StepModel:
     def hidden(self) -> int:
         return self.setup.model.hidden
 
-    @property
-    def slowest_clock_ratio(self) -> float:
-        return min(r.thermal_ratio for r in self.ranks)
-
     def __call__(self, batch: int, ctx: int, prefill: int, now: float = 0.0) -> StepCost:
         s = self.setup
         mean_ctx = ctx / batch if batch else 0.0
@@ -146,7 +142,7 @@ class StepModel:
         for k in COMM_TERMS:
             t = terms.get(k, 0.0)
             if t and k in self.crossing:
-                t /= self._congestion(now)
+                t /= self.congestion(now)
                 if f.jitter_s > 0:
                     t += self.rng.gammavariate(self._calls(k), f.jitter_s)
             total += t
@@ -163,7 +159,8 @@ class StepModel:
             return 2 * max(round(layers * m.moe_layers / max(m.layers, 1)), 1)
         return max(self.setup.layout.pp - 1, 1)
 
-    def _congestion(self, now: float) -> float:
+    def congestion(self, now: float) -> float:
+        """Rule 3: the crossing time's divisor at ``now`` (the fabric's bandwidth share, 1 when calm)."""
         f = self.faults
         if f.congestion_at_s < 0 or f.congestion_s <= 0 or now < f.congestion_at_s:
             return 1.0

@@ -231,3 +231,25 @@ def test_prefill_decode_sends_each_prompts_kv_and_the_decode_engine_reports_nixl
     assert max(v for (h, _), v in tx.items() if h == "pd-node1") < 1e7
     spec = Simulation([d]).deployment_specs()[0]
     assert spec["roles"] == {"prefill": 1, "decode": 1} and spec["fabric"] == "eth_100g"
+
+
+def test_a_yaml_config_declares_ep_pd_and_faults_and_bad_ranks_are_refused(tmp_path: Path) -> None:
+    from simulate.spec import load_deployments
+
+    good = tmp_path / "sim.yaml"
+    good.write_text(
+        "- {name: moe, model: qwen3-30b-a3b, tp: 16, ep: 16, attention_dp: true,\n"
+        "   faults: {jitter_s: 0.0001}}\n"
+        "- {name: pd, model: llama-3.1-70b, tp: 8, prefill: 2, dp: 1, kv_fabric: eth_100g,\n"
+        "   faults: {power_limit_gpu: 3, power_limit_w: 400, xid_gpu: 1, xid: 48, xid_at_s: 30}}\n"
+    )
+    moe, pd = load_deployments(str(good))
+    assert (moe.ep, moe.attention_dp, moe.faults.jitter_s) == (16, True, 0.0001)
+    assert pd.engines == 3 and [pd.role(i) for i in range(3)] == ["prefill", "prefill", "decode"]
+    assert pd.gpu_indices(2) == list(range(16, 24)) and pd.nodes == 3  # decode starts on its own node
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- {name: x, model: llama-3.1-8b, tp: 2, faults: {xid_gpu: 2}}\n")
+    with pytest.raises(ValueError, match=r"faults.xid_gpu = 2 is not a rank of its 2-GPU group"):
+        load_deployments(str(bad))
+    with pytest.raises(ValueError, match="ep must be 1 or tp × pp"):
+        SimDeployment("e", "qwen3-30b-a3b", tp=4, ep=2)
