@@ -129,23 +129,26 @@ class Timeline:
         if old:
             self.base += np.asarray(old).sum(axis=0)
 
-    def _integral(self, t0: float, t1: float) -> np.ndarray:
-        """Counters of the steps inside [t0, t1], each pro rata of its overlap."""
+    def _integrals(self, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray]:
+        """Counters of the steps inside [t0, t1] and of those before t1, each pro rata of its overlap."""
         if not self.segments:
-            return np.zeros(len(_FIELDS))
-        starts = np.fromiter((s[0] for s in self.segments), float, len(self.segments))
-        ends = np.fromiter((s[1] for s in self.segments), float, len(self.segments))
-        vals = np.asarray([s[2] for s in self.segments])
-        overlap = np.clip(np.minimum(ends, t1) - np.maximum(starts, t0), 0.0, None) / (ends - starts)
-        return overlap @ vals
+            return np.zeros(len(_FIELDS)), np.zeros(len(_FIELDS))
+        n = len(self.segments)
+        starts = np.fromiter((s[0] for s in self.segments), float, n)
+        ends = np.fromiter((s[1] for s in self.segments), float, n)
+        vals = np.array([s[2] for s in self.segments])
+        span = ends - starts
+        window = np.clip(np.minimum(ends, t1) - np.maximum(starts, t0), 0.0, None) / span
+        before = np.clip(np.minimum(ends, t1) - starts, 0.0, None) / span
+        return window @ vals, before @ vals
 
     def sample(self, t: float, window_s: float) -> tuple[Sample, dict[str, float]]:
         """Rules 1-5 and 7 over ``[t − window_s, t]``, and the cumulative counters at ``t``
         (energy above idle, error counts, throttled seconds)."""
         self._fold(t)
         w = max(window_s, 1e-9)
-        v = self._integral(t - w, t)
-        total = self.base + self._integral(-1e18, t)
+        v, past = self._integrals(t - w, t)
+        total = self.base + past
 
         def frac(name: str) -> float:
             return min(float(v[_IDX[name]]) / w, 1.0)

@@ -253,3 +253,18 @@ def test_a_yaml_config_declares_ep_pd_and_faults_and_bad_ranks_are_refused(tmp_p
         load_deployments(str(bad))
     with pytest.raises(ValueError, match="ep must be 1 or tp × pp"):
         SimDeployment("e", "qwen3-30b-a3b", tp=4, ep=2)
+
+
+def test_a_late_rank_arrives_last_in_the_inspector_records(tmp_path: Path) -> None:
+    """Host contention on rank 2: it launches each step 20 ms late, so in every sampled all-reduce it
+    is the last to arrive and its exec time (arrival to end, waiting included) is the shortest."""
+    f = Faults(host_contention_gpu=2, host_contention_s=0.02)
+    d = SimDeployment("hc", "llama-3.1-8b", tp=4, workload="azure_conv", speed=4.0, faults=f, seed=3)
+    sim = _run(d, 8, tmp_path)
+    sim.close()
+    rows = parse_jsonl("".join(p.read_text() for p in tmp_path.glob("*.log"))).tables["collective_records"]
+    assert set(rows["op"]) == {"AllReduce"} and set(rows["nnodes"]) == {1}
+    by_call = rows.sort("start_us").group_by("coll_sn")
+    last = by_call.agg(pl.col("rank").last(), pl.col("exec_us").min().alias("m"))
+    shortest = rows.join(last, on="coll_sn").filter(pl.col("exec_us") == pl.col("m"))
+    assert len(last) > 20 and set(last["rank"]) == {2} and set(shortest["rank"]) == {2}
