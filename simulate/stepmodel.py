@@ -90,10 +90,6 @@ class StepModel:
         self.tp_cross_share = (nodes - 1) / nodes if lay.tp > per_node else 0.0
         self.ep_cross_share = (lay.ep - per_node) / (lay.ep - 1) if lay.ep > per_node else 0.0
 
-    @property
-    def hidden(self) -> int:
-        return self.setup.model.hidden
-
     def __call__(self, batch: int, ctx: int, prefill: int, now: float = 0.0) -> StepCost:
         s = self.setup
         mean_ctx = ctx / batch if batch else 0.0
@@ -121,7 +117,7 @@ class StepModel:
                             capped[r], wire, cross)
             for r, rf in enumerate(self.ranks)
         )  # fmt: skip
-        colls = self._collectives(batch + prefill, comm, calls, ready, host, kernels)
+        colls = self._collectives(batch + prefill, comm, calls, ready, kernels)
         return StepCost(
             seconds=seconds,
             compute_s=terms["decode_compute_s"],
@@ -170,15 +166,17 @@ class StepModel:
         return max(f.congestion_bw_ratio, 1e-3) if since < f.congestion_s else 1.0
 
     def _clock(self, rf: RankFaults, wk: work.StepWork, gpu_part: float) -> tuple[float, bool]:
-        """Rule 1: the rank's clock ratio this step, and whether its power limit set it."""
+        """Rule 1: the rank's clock ratio this step, and whether its power limit set it (the
+        demand at its thermal clock still above the limit)."""
         if rf.power_limit_w <= 0 or gpu_part <= 0:
             return rf.thermal_ratio, False
         g = self.setup.gpu
         tensor = min(self._tensor_s(wk) / gpu_part, 1.0)
         dram = min(wk.hbm_bytes / g.hbm_bytes_per_s / gpu_part, 1.0)
-        demand = demand_w(tdp_w(g), 1.0, dram, tensor * rf.thermal_ratio**3)
-        ratio = power_clock_ratio(rf.power_limit_w, demand)
-        return min(ratio, rf.thermal_ratio), ratio < rf.thermal_ratio
+        demand = demand_w(tdp_w(g), 1.0, dram, tensor)
+        if IDLE_W + (demand - IDLE_W) * rf.thermal_ratio**3 <= rf.power_limit_w:
+            return rf.thermal_ratio, False
+        return power_clock_ratio(rf.power_limit_w, demand), True
 
     def _hang(self, rank: int, rf: RankFaults, now: float) -> float:
         if rf.xid_at_s < 0 or now < rf.xid_at_s or rank in self._xid_done:
@@ -247,8 +245,9 @@ class StepModel:
             pcie_replays=self.faults.pcie_replays_per_s * errors,
         )
 
-    def _collectives(self, tokens: int, comm: float, calls: int, ready: list[float], host: float,
-                     kernels: list[float]) -> tuple[Collective, ...]:  # fmt: skip
+    def _collectives(
+        self, tokens: int, comm: float, calls: int, ready: list[float], kernels: list[float]
+    ) -> tuple[Collective, ...]:
         """The step's collective as the Inspector would sample one call of it: each rank's
         arrival (its host and hang lag, plus one call's share of its GPU part) and the transfer."""
         lay, m = self.setup.layout, self.setup.model
