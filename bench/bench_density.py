@@ -26,7 +26,10 @@ Bytes: every file each one keeps (the DuckDB file, its WAL and temp folder after
 checkpoint; every block folder of the TSDB). Samples: the GPU samples the store holds (checked
 equal to those written to Prometheus).
 
-Run: ``.venv/bin/python -m bench.bench_density [--rounds 3] [--hours 1] [--keep DIR]``.
+Growth per sample after the first hour (a long-running store's density): run ``--hours 3`` and
+``--hours 1`` and divide the difference in bytes by the samples of the two extra hours.
+
+Run: ``.venv/bin/python -m bench.bench_density [--rounds 3] [--hours 1] [--grid] [--keep DIR]``.
 """
 
 from __future__ import annotations
