@@ -52,7 +52,7 @@ import polars as pl
 
 from analyzer import catalog
 from analyzer.critical_path import RANK_SHARE_SQL, rank_share_params
-from analyzer.deployments import ENGINE_KEY_SQL, Deployment
+from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
 from analyzer.latency import NS, binned_quantiles, counter_increases, table_sql
 from analyzer.thresholds import Thresholds
 
@@ -190,8 +190,8 @@ def load_bins(
                       avg(value) AS v
                FROM {table_sql("engine_gauges", rollup)} WHERE ts_ns > ? AND ts_ns <= ?
                  AND concept IN ('requests_running', 'kv_usage_ratio')
-                 AND list_contains(?, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY b""",
-        [start_ns, bin_ns, start_ns, end_ns, keys],
+                 AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY b""",
+        [start_ns, bin_ns, start_ns, end_ns, texts(keys)],
     ).pl()
     tok = counter_increases(
         con,
@@ -219,9 +219,10 @@ def _gpu_bins(
         f"""SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin,
                   avg(value) FILTER (WHERE metric = 'sm_active_ratio') AS sm,
                   avg(value) FILTER (WHERE metric = 'dram_active_ratio') AS dram
-           FROM {table_sql("gpu_samples", rollup)} WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, uuid)
+           FROM {table_sql("gpu_samples", rollup)} WHERE ts_ns > ? AND ts_ns <= ?
+             AND list_contains({TEXTS}, uuid)
              AND metric IN ('sm_active_ratio', 'dram_active_ratio') GROUP BY bin""",
-        [start_ns, bin_ns, start_ns, end_ns, list(dep.gpu_uuids)],
+        [start_ns, bin_ns, start_ns, end_ns, texts(dep.gpu_uuids)],
     ).pl()
     return got.cast({"bin": pl.Int64, "sm": pl.Float64, "dram": pl.Float64})
 

@@ -40,7 +40,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analyzer.deployments import ENGINE_KEY_SQL, has_points
+from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, has_points, texts
 
 HISTOGRAMS = (
     "ttft_seconds",
@@ -144,7 +144,7 @@ def table_sql(name: str, rollup: bool) -> str:
 def _key_filter(keys: Sequence[str] | None) -> tuple[str, list[Any]]:
     if keys is None:
         return "", []
-    return f" AND list_contains(?, {ENGINE_KEY_SQL})", [list(keys)]
+    return f" AND list_contains({TEXTS}, {ENGINE_KEY_SQL})", [texts(keys)]
 
 
 def _points_of(con: duckdb.DuckDBPyConnection, table: str, rollup: bool) -> bool:
@@ -159,7 +159,7 @@ def _series_increases(table: str, value: str, described: str, where: str) -> str
     return f"""
         WITH ser AS (
             SELECT series_id, {described} FROM {table}_series
-            WHERE list_contains(?, concept){where}
+            WHERE list_contains({TEXTS}, concept){where}
         ), p AS (
             SELECT series_id, ts_ns, {value} AS c,
                    lag({value}) OVER (PARTITION BY series_id ORDER BY ts_ns) AS prev
@@ -194,7 +194,7 @@ def bucket_increases(
             SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin, le,
                    sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS count
             FROM ({inner}) WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin, le"""
-        args = [start_ns, bin_ns, list(concepts), *params, lower, end_ns, start_ns]
+        args = [start_ns, bin_ns, texts(concepts), *params, lower, end_ns, start_ns]
         return con.execute(sql, args).pl()
     sql = f"""
         WITH s AS (
@@ -202,12 +202,12 @@ def bucket_increases(
                    lag(cumulative_count) OVER (PARTITION BY source, engine, dp_rank, tp_rank, pp_rank,
                        ep_rank, labels, concept, le ORDER BY ts_ns) AS prev
             FROM {table_sql("histogram_buckets", rollup)}
-            WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, concept){where}
+            WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, concept){where}
         )
         SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin, le,
                sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS count
         FROM s WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin, le"""
-    args = [lower, end_ns, list(concepts), *params, start_ns, bin_ns, start_ns]
+    args = [lower, end_ns, texts(concepts), *params, start_ns, bin_ns, start_ns]
     return con.execute(sql, args).pl()
 
 
@@ -302,7 +302,7 @@ def counter_increases(
             SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin,
                    sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS increase
             FROM ({inner}) WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin"""
-        args = [start_ns, bin_ns, list(concepts), *params, lower, end_ns, start_ns]
+        args = [start_ns, bin_ns, texts(concepts), *params, lower, end_ns, start_ns]
         return con.execute(sql, args).pl()
     sql = f"""
         WITH s AS (
@@ -310,12 +310,12 @@ def counter_increases(
                    lag(value) OVER (PARTITION BY source, engine, dp_rank, tp_rank, pp_rank, ep_rank,
                        labels, concept ORDER BY ts_ns) AS prev
             FROM {table_sql("engine_samples", rollup)}
-            WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, concept){where}
+            WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, concept){where}
         )
         SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin,
                sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS increase
         FROM s WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin"""
-    args = [lower, end_ns, list(concepts), *params, start_ns, bin_ns, start_ns]
+    args = [lower, end_ns, texts(concepts), *params, start_ns, bin_ns, start_ns]
     return con.execute(sql, args).pl()
 
 
