@@ -53,7 +53,7 @@ import polars as pl
 from analyzer import catalog
 from analyzer.critical_path import RANK_SHARE_SQL, rank_share_params
 from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
-from analyzer.latency import NS, binned_quantiles, counter_increases, table_sql
+from analyzer.latency import NS, binned_quantiles, counter_increases, rollup_for, table_sql
 from analyzer.thresholds import Thresholds
 
 DRAM_PRACTICAL_CEILING = 0.8  # REFERENCE §1
@@ -173,13 +173,15 @@ def load_bins(
     end_ns: int,
     th: Thresholds,
     *,
-    rollup: bool = False,
+    rollup: bool | None = None,
 ) -> pl.DataFrame:
     """Per-bin ``[bin, running, kv, tokens_per_s, itl_p50_s, itl_p99_s, sm, dram]`` for rule 6 (a)-(c)
     and the envelope's ramp test (``kv``: mean KV usage over engines).
 
-    ``rollup`` reads the per-minute ``*_1m`` tables (``bin_s`` should then be a multiple of 60).
+    ``rollup`` reads the per-minute ``*_1m`` tables (``bin_s`` should then be a multiple of 60);
+    ``None`` chooses by the window's length (:func:`analyzer.latency.rollup_for`).
     """
+    rollup = rollup_for(con, start_ns, end_ns, th.bin_s) if rollup is None else rollup
 
     bin_ns = int(th.bin_s * NS)
     keys = list(dep.engine_keys)

@@ -19,7 +19,14 @@ Rules:
     decode, e2e) start at 0.3 s, so a fast deployment's quantile from them reads ≤ 0.3 s.
  6. Long spans read the per-minute rollups (``*_1m``, kept by ``Store.maintain``) instead of raw
     rows (``rollup=True``): the last cumulative count per minute gives the same increases at
-    minute resolution, so history over days stays cheap.
+    minute resolution, so history over days stays cheap. Left to the functions here
+    (``rollup=None``), the choice is :func:`rollup_for`: a window longer than
+    :data:`ROLLUP_AFTER_S` (1 h) whose bins, if any, are whole minutes reads the rollups when the
+    store holds rollup rows in it; the page's 15-minute and 1-hour windows read raw rows, its 6 h
+    and 24 h windows 1,440 rows a series a day instead of 86,400 at 1 Hz. What a rollup read
+    gives up: a reset inside a minute loses that minute's growth before the reset, and the
+    newest minutes not yet rolled up (under a minute plus the maintenance interval) are left
+    out — under 3 % of a window over an hour.
  5. Means come from ``<hist>_sum`` / ``<hist>_count`` counters in ``engine_samples`` with the same
     reset-aware increase (rule 1), and are exact, not estimates.
  7. Where the raw tables are in the series layout (a store file or a writable store:
@@ -131,6 +138,22 @@ _ROLLUPS = {
 }
 
 
+ROLLUP_AFTER_S = 3600.0  # rule 6
+
+
+def rollup_for(
+    con: duckdb.DuckDBPyConnection, start_ns: int, end_ns: int, bin_s: float | None = None
+) -> bool:
+    """Rule 6: whether ``(start_ns, end_ns]`` (in ``bin_s`` bins, or whole) reads the rollups."""
+    if end_ns - start_ns <= ROLLUP_AFTER_S * NS or (bin_s is not None and bin_s % 60):
+        return False
+    row = con.execute(
+        "SELECT EXISTS (SELECT 1 FROM engine_samples_1m WHERE minute_ns >= ? AND minute_ns < ?)",
+        [start_ns, end_ns],
+    ).fetchone()
+    return bool(row and row[0])
+
+
 def table_sql(name: str, rollup: bool) -> str:
     """Rule 6: the raw table, or its per-minute rollup shaped like it (a minute's rows stamped at its end).
 
@@ -178,13 +201,14 @@ def bucket_increases(
     concepts: Sequence[str] = HISTOGRAMS,
     bin_s: float | None = None,
     lookback_s: float = 120.0,
-    rollup: bool = False,
+    rollup: bool | None = None,
 ) -> pl.DataFrame:
     """Rules 1-2: ``[concept, bin, le, count]`` increases in (start, end], merged over series.
 
     ``bin`` is 0 for the whole window, else ``(ts − start − 1) // bin`` (bin k spans
-    ``(start + k·bin, start + (k+1)·bin]``).
+    ``(start + k·bin, start + (k+1)·bin]``). ``rollup=None``: rule 6's choice.
     """
+    rollup = rollup_for(con, start_ns, end_ns, bin_s) if rollup is None else rollup
     where, params = _key_filter(keys)
     bin_ns = int(bin_s * NS) if bin_s else max(end_ns - start_ns, 1)
     lower = start_ns - int(lookback_s * NS)
@@ -235,9 +259,13 @@ def window_quantiles(
     concepts: Sequence[str] = HISTOGRAMS,
     qs: Sequence[float] = (0.5, 0.9, 0.99),
     lookback_s: float = 120.0,
+    rollup: bool | None = None,
 ) -> dict[str, dict[float, Quantile]]:
-    """``{concept: {q: Quantile}}`` over the whole window (only concepts with data)."""
-    inc = bucket_increases(con, start_ns, end_ns, keys=keys, concepts=concepts, lookback_s=lookback_s)
+    """``{concept: {q: Quantile}}`` over the whole window (only concepts with data; rule 6 for
+    ``rollup=None``)."""
+    inc = bucket_increases(
+        con, start_ns, end_ns, keys=keys, concepts=concepts, lookback_s=lookback_s, rollup=rollup
+    )
     got = quantiles_from_increases(inc, qs)
     return {c: {x.q: x for x in qlist} for (c, _), qlist in got.items()}
 
@@ -252,7 +280,7 @@ def binned_quantiles(
     concepts: Sequence[str] = HISTOGRAMS,
     qs: Sequence[float] = (0.5, 0.99),
     lookback_s: float = 120.0,
-    rollup: bool = False,
+    rollup: bool | None = None,
 ) -> pl.DataFrame:
     """``[concept, bin, bin_start_ns, q, value_s, observations]``: one row per bin and quantile."""
     inc = bucket_increases(
@@ -290,9 +318,11 @@ def counter_increases(
     keys: Sequence[str] | None = None,
     bin_s: float | None = None,
     lookback_s: float = 120.0,
-    rollup: bool = False,
+    rollup: bool | None = None,
 ) -> pl.DataFrame:
-    """Rule 1 on ``engine_samples`` counters: ``[concept, bin, increase]`` summed over series."""
+    """Rule 1 on ``engine_samples`` counters: ``[concept, bin, increase]`` summed over series
+    (rule 6 for ``rollup=None``)."""
+    rollup = rollup_for(con, start_ns, end_ns, bin_s) if rollup is None else rollup
     where, params = _key_filter(keys)
     bin_ns = int(bin_s * NS) if bin_s else max(end_ns - start_ns, 1)
     lower = start_ns - int(lookback_s * NS)
@@ -327,10 +357,12 @@ def window_means(
     keys: Sequence[str] | None = None,
     concepts: Sequence[str] = HISTOGRAMS,
     lookback_s: float = 120.0,
+    rollup: bool | None = None,
 ) -> dict[str, float]:
-    """Rule 5: ``{concept: mean seconds}`` from ``_sum``/``_count`` increases (exact means)."""
+    """Rule 5: ``{concept: mean seconds}`` from ``_sum``/``_count`` increases (exact means; rule 6
+    for ``rollup=None``)."""
     names = [f"{c}_{part}" for c in concepts for part in ("sum", "count")]
-    inc = counter_increases(con, start_ns, end_ns, names, keys=keys, lookback_s=lookback_s)
+    inc = counter_increases(con, start_ns, end_ns, names, keys=keys, lookback_s=lookback_s, rollup=rollup)
     got = dict(zip(inc["concept"].to_list(), inc["increase"].to_list(), strict=True))
     out: dict[str, float] = {}
     for c in concepts:
