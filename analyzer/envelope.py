@@ -85,7 +85,15 @@ import polars as pl
 from analyzer.critical_path import CriticalPath, critical_path
 from analyzer.crossover import collective_evidence, load_bins, network_signals
 from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
-from analyzer.latency import HISTOGRAMS, NS, counter_increases, window_means, window_quantiles
+from analyzer.latency import (
+    HISTOGRAMS,
+    NS,
+    counter_increases,
+    rollup_for,
+    table_sql,
+    window_means,
+    window_quantiles,
+)
 from analyzer.thresholds import Thresholds
 
 ZONES = ("compute", "hbm_bandwidth", "kv_capacity", "network")
@@ -324,9 +332,10 @@ def _gpu_means(
 ) -> dict[str, float]:
     if not dep.gpu_uuids:
         return {}
+    gpu = table_sql("gpu_samples", rollup_for(con, start_ns, end_ns))  # latency rule 6 for long windows
     rows = con.execute(
         f"""SELECT metric, avg(v), max(v) FROM (
-               SELECT uuid, metric, avg(value) AS v FROM gpu_samples
+               SELECT uuid, metric, avg(value) AS v FROM {gpu}
                WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, uuid)
                  AND list_contains({TEXTS}, metric)
                GROUP BY ALL) GROUP BY metric""",
@@ -342,9 +351,10 @@ def _gpu_means(
 def _engine_window(
     con: duckdb.DuckDBPyConnection, keys: list[str], start_ns: int, end_ns: int, th: Thresholds
 ) -> dict[str, float]:
+    gauges = table_sql("engine_gauges", rollup_for(con, start_ns, end_ns))  # latency rule 6
     rows = con.execute(
         f"""SELECT concept, sum(v), max(v), count(*) FROM (
-               SELECT {ENGINE_KEY_SQL} AS k, concept, avg(value) AS v FROM engine_samples
+               SELECT {ENGINE_KEY_SQL} AS k, concept, avg(value) AS v FROM {gauges}
                WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, concept)
                  AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY concept""",
         [start_ns, end_ns, texts(GAUGES), texts(keys)],

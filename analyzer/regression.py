@@ -49,7 +49,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from analyzer.deployments import TEXTS, Deployment, texts
+from analyzer.deployments import TEXTS, Deployment, has_points, texts
 from analyzer.latency import NS, binned_quantiles, window_quantiles
 from analyzer.regression_axes import AXES, UNITS, Parts, axis_parts, choose_sources
 from analyzer.thresholds import Thresholds
@@ -92,9 +92,14 @@ def baseline_window(start_ns: int, end_ns: int, kind: str, th: Thresholds | None
 def history_start(con: duckdb.DuckDBPyConnection, dep: Deployment) -> int | None:
     """The first engine sample time of the deployment's sources (rule 2), or None when none."""
     sources = sorted({k.split("|", 1)[0] for k in dep.engine_keys})
-    row = con.execute(  # by source, not by the composed key: one plain column filter over all history
-        f"SELECT min(ts_ns) FROM engine_samples WHERE list_contains({TEXTS}, source)", [texts(sources)]
-    ).fetchone()
+    where = f"list_contains({TEXTS}, source)"  # by source, not by the composed key: one plain column filter
+    sql = f"SELECT min(ts_ns) FROM engine_samples WHERE {where}"
+    if has_points(con, "engine_samples"):  # the series' points alone, not every point joined to its series
+        sql = (
+            "SELECT min(ts_ns) FROM engine_samples_points WHERE series_id IN "
+            f"(SELECT series_id FROM engine_samples_series WHERE {where})"
+        )
+    row = con.execute(sql, [texts(sources)]).fetchone()
     return int(row[0]) if row and row[0] is not None else None
 
 

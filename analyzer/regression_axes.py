@@ -43,7 +43,7 @@ import polars as pl
 
 from analyzer.collectives import rank_waits
 from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
-from analyzer.latency import NS, counter_increases
+from analyzer.latency import NS, counter_increases, rollup_for, table_sql
 from analyzer.planner import span_filter
 
 AXES = ("load", "context_length", "kv_pressure", "fabric_bytes", "clocks", "straggler_share")
@@ -218,8 +218,10 @@ def _gauges(
 ) -> dict[str, Parts]:
     """``kv_pressure`` (engine samples), ``fabric_bytes`` and ``clocks`` (GPU samples)."""
     out: dict[str, Parts] = {}
+    rollup = rollup_for(con, lo, hi, bin_ns / NS)  # latency rule 6: long spans read the minute means
+    gauges = table_sql("engine_gauges", rollup)
     kv = con.execute(
-        f"""SELECT (ts_ns - ? - 1) // ? AS b, sum(value), count(value) FROM engine_samples
+        f"""SELECT (ts_ns - ? - 1) // ? AS b, sum(value), count(value) FROM {gauges}
             WHERE ts_ns > ? AND ts_ns <= ? AND concept = 'kv_usage_ratio'
               AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY b""",
         [lo, bin_ns, lo, hi, texts(dep.engine_keys)],
@@ -235,7 +237,8 @@ def _gauges(
                                                 AND metric LIKE '%_bytes_per_s'),
                   sum(value) FILTER (WHERE metric = 'sm_clock_mhz'),
                   count(value) FILTER (WHERE metric = 'sm_clock_mhz')
-           FROM gpu_samples WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, uuid) GROUP BY b""",
+           FROM {table_sql("gpu_samples", rollup)} WHERE ts_ns > ? AND ts_ns <= ?
+             AND list_contains({TEXTS}, uuid) GROUP BY b""",
         [lo, bin_ns, lo, hi, texts(dep.gpu_uuids)],
     ).fetchall()
     for axis, i, source in (("fabric_bytes", 1, "nvlink+pcie bytes/s"), ("clocks", 3, "sm_clock_mhz")):
