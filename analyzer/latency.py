@@ -192,6 +192,30 @@ def _series_increases(table: str, value: str, described: str, where: str) -> str
         SELECT ser.*, p.ts_ns, p.c, p.prev FROM p JOIN ser USING (series_id)"""
 
 
+_WIDE_KEY = "source, engine, dp_rank, tp_rank, pp_rank, ep_rank, labels, concept"
+
+
+def _wide_increases(table: str, value: str, described: str, key: str, where: str) -> str:
+    """Rule 1 on a wide relation (a DuckLake store, an old file read-only, or the rollups): the
+    same rows as :func:`_series_increases`, with each distinct ``key`` (a series: NULLs match
+    NULLs, as ``PARTITION BY`` groups them) numbered once and one ``lag`` partition per number.
+    Partitioning 124 k rollup rows by the number instead of by the nine text columns took 196 ms
+    instead of 699 ms (24 h of two engines' histograms).
+
+    Parameters in order: the ``where`` filter's (concepts, keys), lower ts, upper ts."""
+    match = " AND ".join(f"r.{c} IS NOT DISTINCT FROM k.{c}" for c in key.split(", "))
+    return f"""
+        WITH r AS (
+            SELECT ts_ns, {key}, {value} AS c FROM {table}
+            WHERE list_contains({TEXTS}, concept){where} AND ts_ns > ? AND ts_ns <= ?
+        ), k AS (
+            SELECT *, row_number() OVER () AS sid FROM (SELECT DISTINCT {key} FROM r)
+        )
+        SELECT {", ".join(f"r.{c}" for c in described.split(", "))}, r.ts_ns, r.c,
+               lag(r.c) OVER (PARTITION BY k.sid ORDER BY r.ts_ns) AS prev
+        FROM r JOIN k ON {match}"""
+
+
 def bucket_increases(
     con: duckdb.DuckDBPyConnection,
     start_ns: int,
@@ -214,24 +238,14 @@ def bucket_increases(
     lower = start_ns - int(lookback_s * NS)
     if _points_of(con, "histogram_buckets", rollup):  # rule 7
         inner = _series_increases("histogram_buckets", "cumulative_count", "concept, le", where)
-        sql = f"""
-            SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin, le,
-                   sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS count
-            FROM ({inner}) WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin, le"""
-        args = [start_ns, bin_ns, texts(concepts), *params, lower, end_ns, start_ns]
-        return con.execute(sql, args).pl()
+    else:
+        table = table_sql("histogram_buckets", rollup)
+        inner = _wide_increases(table, "cumulative_count", "concept, le", f"{_WIDE_KEY}, le", where)
     sql = f"""
-        WITH s AS (
-            SELECT concept, ts_ns, le, {ENGINE_KEY_SQL} AS k, labels, cumulative_count AS c,
-                   lag(cumulative_count) OVER (PARTITION BY source, engine, dp_rank, tp_rank, pp_rank,
-                       ep_rank, labels, concept, le ORDER BY ts_ns) AS prev
-            FROM {table_sql("histogram_buckets", rollup)}
-            WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, concept){where}
-        )
         SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin, le,
                sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS count
-        FROM s WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin, le"""
-    args = [lower, end_ns, texts(concepts), *params, start_ns, bin_ns, start_ns]
+        FROM ({inner}) WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin, le"""
+    args = [start_ns, bin_ns, texts(concepts), *params, lower, end_ns, start_ns]
     return con.execute(sql, args).pl()
 
 
@@ -328,24 +342,13 @@ def counter_increases(
     lower = start_ns - int(lookback_s * NS)
     if _points_of(con, "engine_samples", rollup):  # rule 7
         inner = _series_increases("engine_samples", "value", "concept", where)
-        sql = f"""
-            SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin,
-                   sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS increase
-            FROM ({inner}) WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin"""
-        args = [start_ns, bin_ns, texts(concepts), *params, lower, end_ns, start_ns]
-        return con.execute(sql, args).pl()
+    else:
+        inner = _wide_increases(table_sql("engine_samples", rollup), "value", "concept", _WIDE_KEY, where)
     sql = f"""
-        WITH s AS (
-            SELECT concept, ts_ns, value AS c,
-                   lag(value) OVER (PARTITION BY source, engine, dp_rank, tp_rank, pp_rank, ep_rank,
-                       labels, concept ORDER BY ts_ns) AS prev
-            FROM {table_sql("engine_samples", rollup)}
-            WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, concept){where}
-        )
         SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin,
                sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS increase
-        FROM s WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin"""
-    args = [lower, end_ns, texts(concepts), *params, start_ns, bin_ns, start_ns]
+        FROM ({inner}) WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin"""
+    args = [start_ns, bin_ns, texts(concepts), *params, lower, end_ns, start_ns]
     return con.execute(sql, args).pl()
 
 
