@@ -34,12 +34,18 @@ Rules:
     integer ``series_id`` (a series is exactly one cumulative counter), and only the selected
     series' descriptions are joined back; the wide views (a DuckLake store, an old file opened
     read-only) are read as before. Both give the same rows.
+ 8. Inside :func:`shared_reads` (one report), an increase statement asked again with the same
+    connection, window, series, concepts, bins, look-back and source answers from its first
+    run: a report reads its window's histograms for the envelope and again for the regression,
+    and a 24 h window's 60 s bins for the envelope's ramp test and again for Cp.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -164,6 +170,28 @@ def table_sql(name: str, rollup: bool) -> str:
     return name.replace("engine_gauges", "engine_samples")
 
 
+_SHARED: ContextVar[dict[tuple[Any, ...], pl.DataFrame] | None] = ContextVar("ioe_shared_reads", default=None)
+
+
+@contextmanager
+def shared_reads() -> Iterator[None]:
+    """Rule 8: repeated increase statements inside the block run once (this thread or task only)."""
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def _shared(key: tuple[Any, ...], run: Callable[[], pl.DataFrame]) -> pl.DataFrame:
+    memo = _SHARED.get()
+    if memo is None:
+        return run()
+    if key not in memo:
+        memo[key] = run()
+    return memo[key]
+
+
 def _key_filter(keys: Sequence[str] | None) -> tuple[str, list[Any]]:
     if keys is None:
         return "", []
@@ -246,7 +274,7 @@ def bucket_increases(
                sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS count
         FROM ({inner}) WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin, le"""
     args = [start_ns, bin_ns, texts(concepts), *params, lower, end_ns, start_ns]
-    return con.execute(sql, args).pl()
+    return _shared((id(con), sql, *args), lambda: con.execute(sql, args).pl())
 
 
 def quantiles_from_increases(inc: pl.DataFrame, qs: Sequence[float]) -> dict[tuple[str, int], list[Quantile]]:
@@ -349,7 +377,7 @@ def counter_increases(
                sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS increase
         FROM ({inner}) WHERE ts_ns > ? GROUP BY ALL ORDER BY concept, bin"""
     args = [start_ns, bin_ns, texts(concepts), *params, lower, end_ns, start_ns]
-    return con.execute(sql, args).pl()
+    return _shared((id(con), sql, *args), lambda: con.execute(sql, args).pl())
 
 
 def window_means(

@@ -19,6 +19,7 @@ from analyzer import catalog, modelcfg, perf, planner, stragglers
 from analyzer.capacity import Layout
 from analyzer.deployments import Deployment, has_points
 from analyzer.envelope import analyze_deployment
+from analyzer.latency import shared_reads
 from analyzer.regression import p99_regression
 from analyzer.thresholds import Thresholds
 
@@ -100,10 +101,11 @@ def deployment_report(
     CLI, the demo, the API, the page, ``/metrics`` and the refresher) reads verdicts through it, so
     one store, window and settings give one answer everywhere."""
     th = th or Thresholds()
-    report = analyze_deployment(
-        con, dep, start_ns, end_ns, th, history_s=history_s, expected_latency=expected_latency_for(dep)
-    )
-    report["regression"] = p99_regression(con, dep, start_ns, end_ns, th).as_dict()
+    with shared_reads():  # the envelope and the regression read the same window's increases once
+        report = analyze_deployment(
+            con, dep, start_ns, end_ns, th, history_s=history_s, expected_latency=expected_latency_for(dep)
+        )
+        report["regression"] = p99_regression(con, dep, start_ns, end_ns, th).as_dict()
     report["settings"] = th.model_dump()
     return report
 
