@@ -64,26 +64,40 @@ def surfaces(base: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run(checkpoints: list[float]) -> list[tuple[float, str, dict[str, Any]]]:
-    port = _port()
-    work = Path(tempfile.mkdtemp(prefix="ioe-demo-surfaces-"))
-    duration = max(checkpoints) + 30
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ioe", "demo", "--duration", f"{duration:g}", "--port", str(port),
-         "--workdir", str(work)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    rows = []
-    t0 = time.monotonic()
-    try:
+class Demo:
+    """A running ``ioe demo`` on a free local port that stops itself ``duration`` seconds in."""
+
+    def __init__(self, duration: float) -> None:
+        self.port = _port()
+        self.work = Path(tempfile.mkdtemp(prefix="ioe-demo-surfaces-"))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ioe", "demo", "--duration", f"{duration:g}", "--port", str(self.port),
+             "--workdir", str(self.work)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        self.t0 = time.monotonic()
+
+    def sample(self, checkpoints: list[float]) -> list[tuple[float, str, dict[str, Any]]]:
+        """The surfaces at each checkpoint (seconds since the demo started)."""
+        rows = []
         for at in sorted(checkpoints):
-            time.sleep(max(at - (time.monotonic() - t0), 0))
-            for name, got in surfaces(f"http://127.0.0.1:{port}").items():
+            time.sleep(max(at - (time.monotonic() - self.t0), 0))
+            for name, got in surfaces(f"http://127.0.0.1:{self.port}").items():
                 rows.append((at, name, got))
+        return rows
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
+
+
+def run(checkpoints: list[float]) -> list[tuple[float, str, dict[str, Any]]]:
+    demo = Demo(max(checkpoints) + 30)
+    try:
+        return demo.sample(checkpoints)
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-    return rows
+        demo.stop()
 
 
 def main(argv: list[str]) -> int:

@@ -1,3 +1,3 @@
-from ioe.cli import main
+from ioe.entry import main
 
 main()

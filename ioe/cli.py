@@ -8,9 +8,10 @@ Rules:
   1. ``ioe NAME …`` registers only the module that defines NAME (:data:`ioe.commands._index.COMMANDS`),
      so a command carries only its own imports: ``ioe sidecar`` would otherwise load every
      analysis module (numpy and the analyzer: +13 MB resident for its whole life).
-  2. ``ioe``, ``ioe --help`` and ``ioe -h`` list the commands from that index without importing any
-     command module (nor polars, DuckDB, numpy, pyarrow or the web stack); ``ioe --version``
-     registers none. Both take what importing typer takes (bench/bench_startup.py).
+  2. ``ioe``, ``ioe --help``, ``ioe -h`` and ``ioe --version`` never reach this module: the entry
+     point (:mod:`ioe.entry`) prints them without typer. Called here (``ioe.cli.main``), they list
+     the commands from that index without importing any command module; ``--version`` registers
+     none.
   3. Anything else (an unknown command, a misplaced option) registers every module, so the error
      is typer's own. ``ioe.cli.app`` imported from Python is always the complete application.
 

@@ -3,8 +3,12 @@ the Prometheus source builds its queries from them)."""
 
 from __future__ import annotations
 
+# GPU series: dcgm-exporter's, and the fields IOE maps from AMD's device-metrics-exporter (with or
+# without the ``amd_`` prefix a relabelling often adds), in one query
 DEFAULT_SELECTORS = (
-    '{__name__=~"DCGM_FI_.+|DCGM_EXP_.+"}',
+    '{__name__=~"DCGM_FI_.+|DCGM_EXP_.+|(amd_)?(gpu_(gfx|umc)_activity|gpu_power_usage|gpu_energy_consumed'
+    "|gpu_(junction|edge|memory)_temperature|gpu_(total|used|free)_vram|gpu_ecc_(un)?correct_total"
+    '|pcie_replay_count)"}',
     '{__name__=~"(vllm|ray_vllm|sglang|trtllm|dynamo|nim|tgi)[:_].+|nv_inference_.+|nv_trt_llm_.+|nv_gpu_.+"}',
 )
 

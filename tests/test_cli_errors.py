@@ -153,13 +153,10 @@ def test_analyze_missing_store_and_unknown_names(store: Path, tmp_path: Path) ->
     assert "unknown GPU 'h1000'" in line
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_serve_stops_cleanly_on_ctrl_c(sig: signal.Signals, tmp_path: Path) -> None:
-    """``--create`` starts a new store; Ctrl-C (or SIGTERM) ends with exit 0 and only the start
-    line on stderr (the maintenance thread's join raised TypeError before)."""
-    port, path = free_port(), tmp_path / "new.duckdb"
-    args = [sys.executable, "-m", "ioe", "serve", "--store", str(path), "--create", "--port", str(port)]
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=_env())
+def _interrupt_when_ready(args: list[str], port: int, sig: signal.Signals, cwd: Path) -> tuple[int, str]:
+    """Start ``python -m ioe *args``, wait for /readyz, send ``sig``; the exit code and stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "ioe", *args], stderr=subprocess.PIPE, text=True, cwd=cwd,
+                            env=_env())  # fmt: skip
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -168,34 +165,30 @@ def test_serve_stops_cleanly_on_ctrl_c(sig: signal.Signals, tmp_path: Path) -> N
                     break
             except httpx.HTTPError:
                 pass
-            assert time.monotonic() < deadline and proc.poll() is None, "ioe serve did not become ready"
+            assert time.monotonic() < deadline and proc.poll() is None, f"ioe {args[0]} did not become ready"
             time.sleep(0.2)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
-    assert proc.returncode == 0, err
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_serve_stops_cleanly_on_ctrl_c(sig: signal.Signals, tmp_path: Path) -> None:
+    """``--create`` starts a new store; Ctrl-C (or SIGTERM) ends with exit 0 and only the start
+    line on stderr (the maintenance thread's join raised TypeError before)."""
+    port, path = free_port(), tmp_path / "new.duckdb"
+    args = ["serve", "--store", str(path), "--create", "--port", str(port)]
+    code, err = _interrupt_when_ready(args, port, sig, tmp_path)
+    assert code == 0, err
     assert err.strip().splitlines() == [f"ioe serve: store {path} on http://127.0.0.1:{port}"]
     assert path.exists()
 
 
 def test_sidecar_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     port, path = free_port(), tmp_path / "node.duckdb"
-    args = [sys.executable, "-m", "ioe", "sidecar", "--store", str(path), "--port", str(port)]
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=_env())
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None, "ioe sidecar did not become ready"
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err
+    args = ["sidecar", "--store", str(path), "--port", str(port)]
+    code, err = _interrupt_when_ready(args, port, signal.SIGINT, tmp_path)
+    assert code == 0, err
     assert "Traceback" not in err and "Error" not in err, err

@@ -4,8 +4,8 @@
    the order and with the help the complete application shows, so the fast root help is the
    same text as the complete application's.
 2. ``ioe --help``, ``ioe -h``, ``ioe`` and ``ioe --version`` import no command module, and none of
-   polars, DuckDB, numpy, pyarrow, FastAPI, uvicorn, pydantic or rich (``sys.modules`` as the
-   process exits).
+   typer, click, polars, DuckDB, numpy, pyarrow, FastAPI, uvicorn, pydantic or rich
+   (``sys.modules`` as the process exits): the root help is rendered by :mod:`ioe.entry`.
 3. ``ioe NAME -h`` imports only NAME's module (``trace-report -h`` loads no polars).
 
 The time itself is measured by bench/bench_startup.py (BENCHMARKS.md): a wall-clock bound here
@@ -27,8 +27,21 @@ from typer.testing import CliRunner
 
 import ioe.cli
 from ioe.commands._index import COMMANDS
+from ioe.entry import root_help
 
-HEAVY = ("polars", "duckdb", "numpy", "pyarrow", "fastapi", "starlette", "uvicorn", "pydantic", "rich")
+HEAVY = (
+    "typer",
+    "click",
+    "polars",
+    "duckdb",
+    "numpy",
+    "pyarrow",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "pydantic",
+    "rich",
+)
 
 
 def _registered_by(module: str) -> list[str]:
@@ -72,6 +85,19 @@ def _imported(stderr: str) -> set[str]:
     return set(json.loads(line.removeprefix("MODULES ")))
 
 
+@pytest.mark.parametrize("width", [50, 64, 78, 100])
+def test_the_fast_root_help_is_clicks_rendering_at_every_width(width: int) -> None:
+    group = typer.main.get_command(ioe.cli._listing())
+    ctx = group.make_context("ioe", ["--help"], resilient_parsing=True, terminal_width=width)
+    assert root_help("ioe", width) == group.get_help(ctx) + "\n"
+
+
+def test_ioe_alone_prints_the_help_to_stderr_and_exits_2() -> None:
+    done = _run()
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == _run("--help").stdout
+
+
 def test_root_help_is_the_complete_applications_help() -> None:
     fast = _run("--help")
     full = CliRunner().invoke(ioe.cli.app, ["--help"], prog_name="python -m ioe", terminal_width=78)
@@ -88,7 +114,7 @@ def test_root_help_and_version_import_nothing_heavy(args: tuple[str, ...]) -> No
     assert done.returncode in (0, 2), done.stderr[-2000:]  # click exits 2 for `ioe` alone (no command)
     assert "Usage:" in done.stdout + done.stderr or done.stdout.startswith("ioe ")
     imported = _imported(done.stderr)
-    assert "ioe.cli" in imported
+    assert "ioe.entry" in imported
     heavy = sorted(m for m in imported if m.split(".")[0] in HEAVY)
     commands = sorted(m for m in imported if m.startswith("ioe.commands.") and m != "ioe.commands._index")
     assert heavy == [] and commands == []

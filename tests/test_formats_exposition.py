@@ -200,3 +200,125 @@ def test_type_of_finds_the_family() -> None:
     assert exp.type_of("vllm:time_to_first_token_seconds_bucket") == "histogram"
     assert exp.type_of("vllm:prompt_tokens_total") == "counter"
     assert exp.type_of("no_such_metric") == "untyped"
+
+
+# Rule 11: a ParseCache carried from body to body (one scrape target) changes the cost, never the result.
+
+
+def _whole(exp: Exposition) -> tuple:
+    """Everything a caller reads from a parse (NaN-safe sample keys)."""
+    return (_ours(exp), exp.types, exp.helps, exp.problems, exp.openmetrics)
+
+
+def _bump_values(text: str, step: int) -> str:
+    """Each sample line's value moved by ``step`` (comment lines and series texts untouched)."""
+    out = []
+    for line in text.split("\n"):
+        head, blank, value = line.rpartition(" ")
+        if blank and not line.startswith("#") and value not in ("NaN", "+Inf", "-Inf"):
+            line = f"{head} {float(value) + step * 0.25!r}"
+        out.append(line)
+    return "\n".join(out)
+
+
+def _known_scans(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Records, per parse with a cache, whether the body was read from known series alone."""
+    seen: list[bool] = []
+    real = exposition._scan_known
+
+    def spy(text, st, memo):  # type: ignore[no-untyped-def]
+        seen.append(real(text, st, memo))
+        return seen[-1]
+
+    monkeypatch.setattr(exposition, "_scan_known", spy)
+    return seen
+
+
+def _through_cache(bodies: list[str], cache: exposition.ParseCache | None = None, **kw: bool) -> None:
+    cache = exposition.ParseCache() if cache is None else cache
+    for body in bodies:
+        assert _whole(parse(body, cache=cache, **kw)) == _whole(parse(body, **kw))
+
+
+@pytest.mark.parametrize("path", PROM_FIXTURES + OM_FIXTURES, ids=lambda p: p.name)
+def test_warm_cache_equals_cold_parse_as_values_move(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = path.read_text()
+    known = _known_scans(monkeypatch)
+    _through_cache([_bump_values(text, step) for step in range(4)])
+    # the OpenMetrics rendering needs rule 8 renames by position: always the full scan
+    assert known == ([False] * 4 if path in OM_FIXTURES else [False, True, True, True])
+
+
+def test_known_series_with_changed_lines_equal_cold_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each change below breaks the premise of the series path; the result is the full scan's."""
+    text = (DATA / "engine" / "vllm_0.33.0_dp2.prom").read_text()
+    line = 'python_gc_objects_collected_total{generation="0"} 9747.0'
+    other = 'python_gc_objects_collected_total{generation="1"} 1970.0'
+    assert text.count(line) == 1 and text.count(other) == 1
+    changed = [
+        text.replace(line, line.replace("9747.0", "9_747.0")),  # rule 4: a bad value, named
+        text.replace(line, line.replace("9747.0", "many")),
+        text.replace(line, line + " 1700000000123"),  # a timestamp
+        text.replace(line, line + " "),  # a blank after the value
+        text.replace(line, line + "\r"),
+        text.replace(line, line.replace("9747.0", "97\ufffd")),  # invalid UTF-8 in a value
+        text.replace(other, line.replace("9747.0", "5.0")),  # a duplicate series (rule 6)
+        text.replace(line, ""),  # a series gone, a blank line in its place
+        text.replace(line + "\n", ""),  # a series gone
+        text.replace(line, line.replace('"0"', '"3"')),  # a new series
+        text.replace("# TYPE vllm:num_requests_running gauge", "# TYPE vllm:num_requests_running counter"),
+        text.replace("# TYPE vllm:num_requests_running gauge", "# TYPE vllm:num_requests_running bogus"),
+        text,
+    ]
+    known = _known_scans(monkeypatch)
+    cache = exposition.ParseCache()
+    for body in changed:
+        _through_cache([text, body], cache)
+    assert known[-2:] == [True, True]  # the unchanged body after the last change: series path again
+    assert known[1::2][:10] == [False] * 10  # none of the changed bodies took the series path
+    bad = parse(changed[0], cache=cache)
+    assert [p.location for p in bad.problems] == [f"line {text[: text.index(line)].count(chr(10)) + 1}"]
+
+
+def test_one_label_set_spelled_two_ways_is_a_duplicate_through_the_cache() -> None:
+    cache = exposition.ParseCache()
+    _through_cache(['x{a="1",b="2"} 1\ny 2\n', 'x{b="2", a="1"} 1\ny 2\n'], cache)
+    both = 'x{a="1",b="2"} 1\nx{b="2", a="1"} 2\n'  # the same layout, both series texts known
+    exp = parse(both, cache=cache)
+    assert _whole(exp) == _whole(parse(both))
+    assert [s.value for s in exp.samples] == [1.0] and "duplicate series" in exp.problems[0].message
+
+
+def test_openmetrics_eof_and_dialect_through_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    known = _known_scans(monkeypatch)
+    cache = exposition.ParseCache()
+    _through_cache(["a 1\nb 2\n# EOF\n", "a 3\nb 4\n# EOF\n", "a 5\n# EOF\nb 6\n"], cache)
+    assert known == [False, True, False]
+    _through_cache(["# TYPE a gaugehistogram\na 1\n# EOF\n"] * 2, cache)
+    _through_cache(["# TYPE a gaugehistogram\na 1\n# EOF\n"], cache, openmetrics=False)
+
+
+def test_series_cache_is_bounded_and_forgets_series_that_went_away() -> None:
+    cache = exposition.ParseCache(max_labels=100)
+    for step in range(30):  # a new pod each time: 10 new series per body
+        body = "".join(f'x{{pod="p{step}",i="{i}"}} {i}\n' for i in range(10))
+        _through_cache([body, _bump_values(body, 1)], cache)
+        assert len(cache.series) <= 100 + 10 and len(cache.ids) <= 100 + 10
+    assert len(cache.series) < 30 * 10
+
+
+def test_known_series_in_another_order_and_rule_8_through_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = (DATA / "engine" / "sglang_0.5.23.prom").read_text()
+    lines = text.split("\n")
+    at = [i for i, line in enumerate(lines) if line and not line.startswith("#")]
+    lines[at[3]], lines[at[-3]] = lines[at[-3]], lines[at[3]]  # two known series swap places
+    known = _known_scans(monkeypatch)
+    _through_cache([text, "\n".join(lines)])
+    assert known == [False, True]
+    # a known series text whose name rule 8 renames under the family now around it
+    known.clear()
+    bodies = ["vllm_a_total 2\nx 1\n", "# TYPE vllm:a counter\nvllm:a_total 1\nx 1\n"]
+    bodies.append("# TYPE vllm:a counter\nvllm_a_total 1\nx 1\n")
+    _through_cache(bodies)
+    assert known == [False, False, False]
+    assert [s.name for s in parse(bodies[-1]).samples] == ["vllm:a_total", "x"]

@@ -23,7 +23,7 @@ def _ioe(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_distribution_name_is_the_free_one() -> None:
     assert PROJECT["name"] == DIST
-    assert PROJECT["scripts"] == {"ioe": "ioe.cli:main"}
+    assert PROJECT["scripts"] == {"ioe": "ioe.entry:main"}
 
 
 def test_version_is_the_pyproject_version_in_a_checkout() -> None:

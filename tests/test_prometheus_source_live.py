@@ -236,11 +236,13 @@ def test_gpu_samples_match_direct_scraping(runs: Runs, mode: str) -> None:
     direct = _gpu_stats(runs.stores["scrape"], start_ns, end_ns)
     got = _gpu_stats(runs.stores[mode], start_ns, end_ns)
     assert set(direct) == set(got) and len(direct) >= 10 * 20  # 10 GPUs, 24 fields each
-    steps = int(WINDOW_S)  # one point per 1 s step from Prometheus, whatever the load
+    # one point per 1 s step from Prometheus, less the steps after a scrape that timed out on a
+    # loaded machine (Prometheus marks the target's series stale until its next scrape)
+    steps = int(WINDOW_S)
     for key, (n, mean, sd_direct) in direct.items():
         m, other, sd_got = got[key]
         sd = max(sd_direct, sd_got)
-        assert steps - 2 <= m <= steps + 1, (key, m)
+        assert 0.85 * steps <= m <= steps + 1, (key, m)
         # the in-process scraper misses scrapes when this shared 2-core machine is loaded (42 of 50 seen
         # at load average 20); Prometheus' step then still holds the latest value
         assert abs(m - n) <= 0.25 * n + 2, (key, n, m)

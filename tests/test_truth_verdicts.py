@@ -102,3 +102,17 @@ def test_a_steady_state_gets_one_zone_for_5_10_and_15_minute_windows(
     end = sc.t0 + sc.duration_s
     zones = {w: _primary(analyze_json(store, window_s=w, at_s=end), sc)[0] for w in (300.0, 900.0)}
     assert zones == {300.0: sc.expected.zone, 900.0: sc.expected.zone}
+
+
+def test_pd_kv_transfer_share_from_spans_is_network_evidence(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The P/D scenario's decode server sends request spans (OTLP/JSON files through `ioe ingest`):
+    their KV-transfer time is most of TTFT, and the envelope counts it for the network wall."""
+    sc = SCENARIOS["pd_slow_kv_transfer"]
+    _, store, report = build(sc, tmp_path_factory.getbasetemp() / "truth")
+    assert report.rows["request_spans"] > 100
+    env = analyze_json(store, window_s=sc.duration_s)["deployments"][0]["envelope"]
+    (kv,) = [e for e in env["evidence"] if e["signal"] == "kv_transfer_share_of_ttft"]
+    assert kv["verdict"] == "pass" and kv["value"] > 0.8
+    assert kv["source"].startswith("request spans")

@@ -72,7 +72,8 @@ def test_scenario_ingests_with_no_refused_row(name: str, tmp_path_factory: pytes
     assert report.rows["histogram_buckets"] > 0
     multi_gpu = any(e.tp > 1 for e in sc.engines)
     assert (report.rows["collective_records"] > 0) == multi_gpu
-    assert set(report.files) <= {"prometheus-scrape", "nccl-inspector-jsonl"}
+    assert set(report.files) <= {"prometheus-scrape", "nccl-inspector-jsonl", "otlp-json"}
+    assert ("otlp-json" in report.files) == (sc.kv_link is not None)  # P/D scenarios send spans
 
 
 def test_ioe_ingest_cli_takes_a_scrape_folder_with_ts(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ tests/truthgen/, imports nothing from IOE). Notes:
 
 1. Each ``scrapes/<ts>`` folder is ingested with ``ts`` as its capture time, as ``ioe ingest --ts``
    does (the same :func:`collector.ingest.ingest_paths` with an :class:`IngestContext`), into one open
-   store; the NCCL Inspector logs carry their own times and are ingested once.
+   store; the NCCL Inspector logs and the OTLP span files carry their own times and are ingested once.
 2. The deployment is declared the way the sidecar declares it from its config file: ``deployment.yaml``
    is read with :func:`ioe.settings.load_settings` and written with ``deployments_frame``.
 3. Stores are built once per scenario and process (``build``'s cache) and opened read-only after.
@@ -41,11 +41,10 @@ def ingest_capture(capture: Path, store_path: Path, *, declare: bool = True) -> 
                 st, [folder], IngestContext(ts_ns=int(folder.name) * 1_000_000_000, source="ingest")
             )
             _merge(report, part)
-        if (capture / "nccl").exists():
-            _merge(
-                report,
-                ingest_paths(st, [capture / "nccl"], IngestContext(ts_ns=time.time_ns(), source="ingest")),
-            )
+        for own_times in ("nccl", "spans"):  # files that carry their own times: ingested once
+            if (capture / own_times).exists():
+                ctx = IngestContext(ts_ns=time.time_ns(), source="ingest")
+                _merge(report, ingest_paths(st, [capture / own_times], ctx))
         if declare:
             specs = load_settings(capture / "deployment.yaml").deployments
             st.write("deployments", deployments_frame(specs, time.time_ns()))

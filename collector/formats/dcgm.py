@@ -8,8 +8,9 @@ Rules:
 
 1. A sample is a GPU sample when its name starts with ``DCGM_FI_`` or ``DCGM_EXP_``, or is one
    of Triton's GPU gauges (``nv_gpu_utilization`` 0..1, ``nv_gpu_memory_*_bytes``,
-   ``nv_gpu_power_*`` W, ``nv_energy_consumption`` J); other families in the same body
-   (``go_*``, engine metrics) are ignored here.
+   ``nv_gpu_power_*`` W, ``nv_energy_consumption`` J), or one of the AMD device-metrics-exporter
+   fields below (rule 11); other families in the same body (``go_*``, engine metrics) are
+   ignored here.
 2. Known fields get their canonical name and ``value × scale``: percent → ratio (×0.01),
    MiB → bytes (×1,048,576), ``NVLINK_BANDWIDTH_TOTAL`` (field 449) is a MB/s *rate* despite
    its "counter" type → bytes/s (×1e6), energy mJ → J (×0.001), violation ns → s (×1e-9).
@@ -36,6 +37,19 @@ Rules:
    for it (a timestamp outside the nanosecond range is refused by the exposition parser).
 10. A negative value of a cumulative field (a ``*_total`` count, energy, violation time) is
     refused as a Problem: counters never go below zero, and a rate from it would be bogus.
+11. AMD Instinct GPUs through AMD's device-metrics-exporter (ROCm/device-metrics-exporter; its
+    names are lowercase, and often relabelled with an ``amd_`` prefix, which is dropped):
+    ``gpu_gfx_activity`` and ``gpu_umc_activity`` are percent busy of the graphics/compute engine
+    and of the memory controller (→ ``gpu_util_ratio``, ``mem_copy_util_ratio``);
+    ``gpu_power_usage`` W; ``gpu_energy_consumed`` µJ (→ J); ``gpu_junction_temperature`` (the
+    hotspot, MI3xx) is the die temperature ``gpu_temp_c``, ``gpu_edge_temperature`` (MI2xx) is
+    kept apart as ``edge_temp_c``; VRAM in MB as amd-smi counts them (2^20 bytes); ECC totals
+    (correctable → ``ecc_sbe_total``, uncorrectable → ``ecc_dbe_total``); ``pcie_replay_count``.
+    Identity: index ``gpu_id``, uuid ``gpu_uuid``, host ``hostname``, model ``card_series``
+    (else ``card_model``). A GPU split into compute partitions (``gpu_compute_partition_type``
+    other than SPX) reports each partition under the same uuid; like a MIG instance, each
+    keeps its own row as ``<uuid>/p<gpu_partition_id>``, its type in ``mig_profile``. Other AMD
+    fields (clocks with their ``clock_type`` label, violation residencies, XGMI) are not read.
 """
 
 from __future__ import annotations
@@ -134,15 +148,32 @@ FIELD_LIST: tuple[Field, ...] = (
     _F(-1, "nv_gpu_power_usage", "power_w"),
     _F(-1, "nv_gpu_power_limit", "power_limit_w"),
     _F(-1, "nv_energy_consumption", "energy_j"),  # J since Triton started
+    # AMD device-metrics-exporter (rule 11)
+    _F(-1, "gpu_gfx_activity", "gpu_util_ratio", 0.01),
+    _F(-1, "gpu_umc_activity", "mem_copy_util_ratio", 0.01),
+    _F(-1, "gpu_power_usage", "power_w"),
+    _F(-1, "gpu_energy_consumed", "energy_j", 1e-6),
+    _F(-1, "gpu_junction_temperature", "gpu_temp_c"),
+    _F(-1, "gpu_edge_temperature", "edge_temp_c"),
+    _F(-1, "gpu_memory_temperature", "memory_temp_c"),
+    _F(-1, "gpu_total_vram", "fb_total_bytes", MIB),
+    _F(-1, "gpu_used_vram", "fb_used_bytes", MIB),
+    _F(-1, "gpu_free_vram", "fb_free_bytes", MIB),
+    _F(-1, "gpu_ecc_correct_total", "ecc_sbe_total"),
+    _F(-1, "gpu_ecc_uncorrect_total", "ecc_dbe_total"),
+    _F(-1, "pcie_replay_count", "pcie_replay_total"),
 )
 FIELDS: dict[str, Field] = {f.dcgm: f for f in FIELD_LIST}
 FIELDS_BY_ID: dict[int, Field] = {f.id: f for f in FIELD_LIST if f.id >= 0}
 GPU_METRICS: tuple[str, ...] = tuple(dict.fromkeys(f.name for f in FIELD_LIST))
 _TRITON_GPU = frozenset(f.dcgm for f in FIELD_LIST if f.dcgm.startswith("nv_"))
+_AMD_GPU = frozenset(f.dcgm for f in FIELD_LIST if f.id < 0 and not f.dcgm.startswith(("nv_", "DCGM_")))
+FIELDS.update({"amd_" + name: FIELDS[name] for name in _AMD_GPU})
+_NAMED_GPU = _TRITON_GPU | _AMD_GPU | {"amd_" + name for name in _AMD_GPU}
 
 _HOST = ("Hostname", "hostname")
 _UUID = ("UUID", "uuid", "gpu_uuid")
-_MODEL = ("modelName", "model_name")
+_MODEL = ("modelName", "model_name", "card_series", "card_model")
 _POD = ("pod", "pod_name")
 _NAMESPACE = ("namespace", "pod_namespace")
 _CONTAINER = ("container", "container_name")
@@ -150,7 +181,7 @@ _CONTAINER = ("container", "container_name")
 
 def is_gpu_metric(name: str) -> bool:
     """Rule 1."""
-    return name.startswith(("DCGM_FI_", "DCGM_EXP_")) or name in _TRITON_GPU
+    return name.startswith(("DCGM_FI_", "DCGM_EXP_")) or name in _NAMED_GPU
 
 
 def canonical(name: str) -> tuple[str, float]:
@@ -257,6 +288,10 @@ def _new_identity(sample: Sample, host: str, source: str) -> _Ident:
     metric, scale = canonical(sample.name)
     mig_instance = labels.get("GPU_I_ID", "")
     uuid = _first(labels, _UUID)
+    profile = labels.get("GPU_I_PROFILE", "")
+    partition = labels.get("gpu_compute_partition_type", "")
+    if partition and partition.lower() != "spx" and not mig_instance:
+        uuid, profile = f"{uuid}/p{labels.get('gpu_partition_id', '')}", partition
     return (
         labels,
         scale,
@@ -270,7 +305,7 @@ def _new_identity(sample: Sample, host: str, source: str) -> _Ident:
         _first(labels, _POD),
         _first(labels, _NAMESPACE),
         _first(labels, _CONTAINER),
-        labels.get("GPU_I_PROFILE", ""),
+        profile,
         mig_instance,
     )
 
@@ -284,8 +319,8 @@ def _columns(idents: list[_Ident], values: list[float], stamps: list[int]) -> di
 
 
 def gpu_index(labels: Mapping[str, str]) -> int:
-    """Rule 5: ``gpu`` label, else the N of ``device="nvidiaN"``, else -1."""
-    index = _int_or(labels.get("gpu", ""), -1)
+    """Rules 5 and 11: ``gpu`` label (AMD: ``gpu_id``), else the N of ``device="nvidiaN"``, else -1."""
+    index = _int_or(labels.get("gpu", "") or labels.get("gpu_id", ""), -1)
     if index < 0:
         device = labels.get("device", "")
         if device.startswith("nvidia"):

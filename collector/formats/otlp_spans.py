@@ -4,6 +4,11 @@ Input: an ``ExportTraceServiceRequest`` as protobuf bytes (:func:`decode_protobu
 OTLP/JSON text (:func:`decode_json`); output of :func:`request_rows`: a ``request_spans``
 frame plus the spans refused, each as a :class:`~collector.errors.Problem`.
 
+Files (``ioe ingest``): OTLP/JSON lines, one ``ExportTraceServiceRequest`` object per line, as
+the OpenTelemetry Collector's ``file`` exporter writes them (``*.json``/``*.jsonl``, gzip or
+not; a file holding one pretty-printed request is read whole). A line that is not a request is
+refused as a Problem naming the file and line; the other lines' spans are kept.
+
 OTLP/JSON differs from the proto3 JSON mapping in one way that matters: trace and span ids
 are **hex** strings, not base64. :func:`decode_json` rewrites them to bytes before handing the
 document to ``google.protobuf.json_format`` (which accepts camelCase and snake_case names and
@@ -62,6 +67,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -73,6 +79,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from collector.errors import ParseError, Problem, quote
+from collector.files import LineChunks, read_capped
+from collector.formats import FileFormat, IngestContext, Parsed
 from collector.records import INGEST_ERRORS, REQUEST_SPANS, frame
 
 SOURCE = "otlp"
@@ -552,3 +560,62 @@ def _finish(row: dict[str, Any]) -> dict[str, Any]:
 def _json(obj: dict[str, Any]) -> str:
     """Compact JSON with sorted keys; NaN/±inf become null, other odd values their ``str``."""
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS, default=str).decode()
+
+
+# -- files ------------------------------------------------------------------------------------
+_FILE_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+MAX_DOCUMENT_BYTES = 256 << 20  # a pretty-printed (multi-line) request is read whole; past this it is refused
+
+
+def sniff_file(name: str, head: bytes) -> bool:
+    """A JSON file whose first object holds ``resourceSpans`` (or ``resource_spans``) first."""
+    start = head.lstrip()[:64]
+    return (
+        name.endswith(_FILE_SUFFIXES)
+        and start.startswith(b"{")
+        and (b'"resourceSpans"' in start or b'"resource_spans"' in start)
+    )
+
+
+def _request_parsed(text: str | bytes, where: str) -> Parsed:
+    """One export request's rows, or its refusal as a Problem at ``where``."""
+    try:
+        req, refused = decode_json(text)
+    except (ParseError, RecursionError) as exc:
+        reason = str(exc) if isinstance(exc, ParseError) else "JSON nests too deeply"
+        return Parsed(problems=[Problem(where, reason)])
+    rows = request_rows(req)
+    refusals = [*refused, *rows.rejected]
+    parsed = Parsed(problems=[Problem(f"{where} {p.location}", p.message) for p in refusals])
+    parsed.add("request_spans", rows.frame)
+    return parsed
+
+
+def stream_file(path: Path, ctx: IngestContext) -> Iterator[Parsed]:
+    """Export requests a line at a time; a file whose first line does not close its object is one
+    pretty-printed request, read whole (up to :data:`MAX_DOCUMENT_BYTES`)."""
+    chunks = LineChunks(path)
+    for first, data in chunks:
+        lines = data.split(b"\n")
+        if first == 1 and not lines[0].rstrip().endswith(b"}"):
+            yield _request_parsed(read_capped(path, MAX_DOCUMENT_BYTES), str(path))
+            return
+        out = Parsed()
+        for i, line in enumerate(lines):
+            if line.strip():
+                out.extend(_request_parsed(line, f"{path}:{first + i}"))
+        out.lines = data.count(b"\n")
+        yield out
+    if chunks.problems:
+        yield Parsed(problems=chunks.problems)
+
+
+def load_file(path: Path, ctx: IngestContext) -> Parsed:
+    whole = Parsed()
+    for part in stream_file(path, ctx):
+        whole.extend(part)
+        whole.lines += part.lines
+    return whole
+
+
+FILE_FORMAT = FileFormat("otlp-json", sniff_file, load_file, priority=45, stream=stream_file)

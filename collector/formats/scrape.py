@@ -125,7 +125,7 @@ class ScrapeCache:
         if len(self.gpu) + len(self.engine) > self.max_series:
             self.gpu.clear()
             self.engine.clear()
-            self.parse.labels.clear()
+            self.parse.clear()
         self.parse.max_labels = self.max_series
         return self
 

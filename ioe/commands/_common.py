@@ -9,6 +9,7 @@ import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -200,3 +201,16 @@ def read_connection(
             yield con, False
         finally:
             con.close()
+
+
+def epoch_ns(text: str) -> int | None:
+    """Unix seconds or ISO-8601 (UTC when no zone) → ns since the epoch; None when it is neither."""
+    try:
+        return int(float(text) * 1_000_000_000)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return int((dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp() * 1_000_000_000)

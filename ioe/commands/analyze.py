@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import typer
 
 from analyzer.deployments import find_deployment, list_deployments
 from analyzer.report import build_report, latest_ns
-from ioe.commands._common import fail, read_connection
+from ioe.commands._common import epoch_ns, fail, read_connection
 
 NS = 1_000_000_000
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -39,15 +38,10 @@ def parse_duration(text: str) -> float:
 
 def parse_time(text: str) -> int:
     """Unix seconds or ISO-8601 (UTC when no zone) → ns; ``BadParameter`` quoting the text otherwise."""
-    try:
-        return int(float(text) * NS)
-    except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise typer.BadParameter(f"--at {text!r}: expected Unix seconds or ISO-8601 time") from exc
-    return int((dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp() * NS)
+    ns = epoch_ns(text)
+    if ns is None:
+        raise typer.BadParameter(f"--at {text!r}: expected Unix seconds or ISO-8601 time")
+    return ns
 
 
 def _text(report: dict[str, Any]) -> str:

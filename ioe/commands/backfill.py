@@ -23,13 +23,12 @@ from __future__ import annotations
 import json
 import re
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from ioe.commands._common import fail, settings_or_exit
+from ioe.commands._common import epoch_ns, fail, settings_or_exit
 
 COMMAND = "ioe backfill"
 NS = 1_000_000_000
@@ -50,15 +49,10 @@ def duration_s(text: str, option: str) -> float:
 
 def time_ns(text: str, option: str) -> int:
     """Unix seconds or ISO-8601 (UTC when no zone) → ns; one line and exit 2 otherwise."""
-    try:
-        return int(float(text) * NS)
-    except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(text)
-    except ValueError:
+    ns = epoch_ns(text)
+    if ns is None:
         fail(f"{COMMAND}: {option} {text!r}: expected Unix seconds or an ISO-8601 time")
-    return int((dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp() * NS)
+    return ns
 
 
 def backfill(

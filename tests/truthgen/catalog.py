@@ -252,8 +252,7 @@ PD_SLOW_KV = Scenario(
         "for the link. Prefill GPUs are lightly used, decode GPUs too, yet the decode engine always has "
         "requests deferred waiting for KV and TTFT is mostly transfer wait: the cross-node KV transfer is "
         "the "
-        "wall. (No span files: `ioe ingest` reads no OTLP files, so the transfer time is seen only through "
-        "the decode engine's deferred queue and TTFT.)",
+        "wall. The decode server's request spans carry each request's KV-transfer time: most of TTFT.",
         cross_node=True,
     ),
     kv_link=ETH_25G,

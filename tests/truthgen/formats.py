@@ -16,6 +16,11 @@ Notes:
 3. NCCL Inspector (v4 output): one JSON object per line, ``header`` + ``metadata`` + ``coll_perf``,
    keys in the plugin's order; written only for the latest completed collective of each communicator
    at each dump, so ``coll_sn`` jumps by the number of calls in between.
+4. OTLP/JSON request spans: one ``ExportTraceServiceRequest`` object per line, as the OpenTelemetry
+   Collector's file exporter writes them (camelCase keys, hex ids, 64-bit integers and nanosecond
+   times as decimal strings). A request is one ``llm_request`` SERVER span with the OTel GenAI
+   latency attributes (seconds) vLLM sets, and TensorRT-LLM's
+   ``gen_ai.latency.kv_cache_transfer_time`` for the prefill→decode KV transfer.
 """
 
 from __future__ import annotations
@@ -521,3 +526,66 @@ def inspector_line(
         },
     }
     return json.dumps(rec, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class RequestSpan:
+    """One served request's times (seconds, ns for the end) and tokens."""
+
+    trace_id: str  # 32 hex digits
+    span_id: str  # 16 hex digits
+    end_ns: int
+    queue_s: float
+    prefill_s: float
+    kv_transfer_s: float
+    ttft_s: float
+    e2e_s: float
+    input_tokens: int
+    output_tokens: int
+
+
+def _attr(key: str, value: float | int | str) -> dict[str, Any]:
+    if isinstance(value, str):
+        return {"key": key, "value": {"stringValue": value}}
+    if isinstance(value, int):
+        return {"key": key, "value": {"intValue": str(value)}}
+    return {"key": key, "value": {"doubleValue": value}}
+
+
+def otlp_json_line(service: str, model: str, requests: Sequence[RequestSpan]) -> str:
+    """Note 4: one export request holding ``requests``."""
+    spans = []
+    for r in requests:
+        start = r.end_ns - round(r.e2e_s * 1e9)
+        attrs: list[tuple[str, float | int | str]] = [
+            ("gen_ai.response.model", model),
+            ("gen_ai.request.id", f"cmpl-{r.span_id}"),
+            ("gen_ai.usage.prompt_tokens", r.input_tokens),
+            ("gen_ai.usage.completion_tokens", r.output_tokens),
+            ("gen_ai.latency.time_in_queue", r.queue_s),
+            ("gen_ai.latency.time_in_model_prefill", r.prefill_s),
+            ("gen_ai.latency.kv_cache_transfer_time", r.kv_transfer_s),
+            ("gen_ai.latency.time_to_first_token", r.ttft_s),
+            ("gen_ai.latency.e2e", r.e2e_s),
+        ]
+        spans.append(
+            {
+                "traceId": r.trace_id,
+                "spanId": r.span_id,
+                "name": "llm_request",
+                "kind": 2,
+                "startTimeUnixNano": str(start),
+                "endTimeUnixNano": str(r.end_ns),
+                "attributes": [_attr(k, v) for k, v in attrs],
+                "status": {},
+            }
+        )
+    doc = {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [_attr("service.name", service)]},
+                "scopeSpans": [{"scope": {"name": "vllm.tracing"}, "spans": spans}],
+            }
+        ]
+    }
+    return json.dumps(doc, separators=(",", ":"))

@@ -5,6 +5,7 @@ Layout (one directory per scenario)::
     scrapes/<unix seconds>/<host>-dcgm.prom.gz     dcgm-exporter body of that host's GPUs
     scrapes/<unix seconds>/<server>-vllm.prom.gz   a vLLM API server's /metrics body
     nccl/<host>-pid<pid>.log                        NCCL Inspector JSONL of one rank (its own stamps)
+    spans/<server>-otlp.jsonl                       P/D only: the decode server's request spans (note 5)
     deployment.yaml                                 the deployment as an IOE config file declares it
     expected.json                                   the expert's verdict and reason
     scenario.json                                   the parameters and the generator's own numbers
@@ -21,6 +22,11 @@ Notes:
 4. Latency histograms add n × CDF(le) of a log-normal per interval (median = the interval's
    modelled latency, σ the scenario's jitter) and print the floor of the running totals, so counts
    are integers that never decrease.
+5. A P/D scenario (one with a KV link) also writes the decode server's request spans: per interval
+   up to :data:`SPANS_PER_INTERVAL` of the requests it completed, each with log-normal queue (σ 0.6),
+   prefill (σ 0.3) and KV-transfer (σ 0.3) times around the interval's medians, TTFT their sum and
+   e2e TTFT plus the decode steps. The span draws use their own random stream, so the scrapes and
+   NCCL logs are the same with or without them.
 """
 
 from __future__ import annotations
@@ -34,11 +40,21 @@ from pathlib import Path
 from typing import Any
 
 from truthgen.engine import Interval, Layout, activity, solve
-from truthgen.formats import EngineState, GpuIdentity, Histogram, dcgm_text, inspector_line, vllm_text
+from truthgen.formats import (
+    EngineState,
+    GpuIdentity,
+    Histogram,
+    RequestSpan,
+    dcgm_text,
+    inspector_line,
+    otlp_json_line,
+    vllm_text,
+)
 from truthgen.physics import GB, all_reduce_s
 from truthgen.scenarios import Phase, Scenario
 
 MIB = 1024 * 1024
+SPANS_PER_INTERVAL = 12
 
 
 def _phi(x: float) -> float:
@@ -310,6 +326,23 @@ def _emit(
         logs.setdefault(f"{g.ident.host}-pid{pid}.log", []).append(line)
 
 
+def _spans(sc: Scenario, eng: _Engine, iv: Interval, ph: Phase, ts: float, kv_s: float,
+           rng: random.Random) -> list[RequestSpan]:  # fmt: skip
+    """Note 5: the decode engine's completed requests of one interval as spans."""
+    n = min(int(iv.completions * sc.scrape_s), SPANS_PER_INTERVAL)
+    out = []
+    for _ in range(n):
+        queue = iv.queue_s * math.exp(0.6 * rng.gauss(0.0, 1.0))
+        prefill = iv.ttft_service_s * math.exp(0.3 * rng.gauss(0.0, 1.0))
+        kv = kv_s * math.exp(0.3 * rng.gauss(0.0, 1.0))
+        ttft = queue + prefill + kv
+        end_ns = round((ts - rng.uniform(0.0, sc.scrape_s)) * 1e9)
+        ids = f"{rng.getrandbits(128):032x}", f"{rng.getrandbits(64) or 1:016x}"
+        e2e = ttft + (ph.osl - 1) * iv.itl_mean_s
+        out.append(RequestSpan(*ids, end_ns, queue, prefill, kv, ttft, e2e, ph.isl, ph.osl))
+    return out
+
+
 def _write_gz(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(gzip.compress(text.encode(), compresslevel=6, mtime=0))
@@ -318,6 +351,8 @@ def _write_gz(path: Path, text: str) -> None:
 def render(sc: Scenario, out: Path) -> dict[str, Any]:
     """Write ``sc`` under ``out`` (layout in the module docstring); return the per-interval summary."""
     rng = random.Random(sc.seed)
+    span_rng = random.Random(sc.seed + 7919)
+    spans: dict[str, list[str]] = {}
     engines = _engines(sc, rng)
     dt = sc.scrape_s
     logs: dict[str, list[str]] = {}
@@ -331,6 +366,11 @@ def render(sc: Scenario, out: Path) -> dict[str, Any]:
             iv = _interval(sc, eng, t_mid, dt, rng)
             eng.last = iv
             _account(sc, eng, iv, dt, ph, (kv_wait, extra_queue))
+            if sc.kv_link is not None and eng.role == "decode":
+                reqs = _spans(sc, eng, iv, ph, ts, extra_queue, span_rng)
+                if reqs:
+                    line = otlp_json_line("vllm", sc.model.name, reqs)
+                    spans.setdefault(f"{eng.server}-otlp.jsonl", []).append(line)
             act = activity(iv, sc.gpu)
             pcie = pcie_pd if eng.role in ("prefill", "decode") else 0.0
             for g in eng.gpus:
@@ -364,6 +404,10 @@ def render(sc: Scenario, out: Path) -> dict[str, Any]:
             body = vllm_text([e.state for e in engines if e.server == server])
             _write_gz(folder / f"{server}-vllm.prom.gz", body)
         _nccl(sc, engines, ts, dt, rng, logs)
+    for name, lines in sorted(spans.items()):
+        p = out / "spans" / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("\n".join(lines) + "\n")
     for name, lines in sorted(logs.items()):
         p = out / "nccl" / name
         p.parent.mkdir(parents=True, exist_ok=True)
