@@ -1,22 +1,25 @@
 """The simulated nodes' dcgm-exporter ``/metrics``: real field names, labels, units and quirks.
 
-Counter values are derived from what the engine did in the last window (``window_s``):
+Activity fields are what the GPU's steps did over the last interval (:mod:`simulate.activity`:
+FLOPs over tensor peak, bytes over HBM bandwidth, kernel and collective time, idle gaps).
+The rest, field by field:
 
-1. ``PIPE_TENSOR_ACTIVE`` = 0.9 × the share of the window spent in compute-bound work (the
-   model's compute roofline time): the pipes issue on most, not all, cycles of a GEMM.
-2. ``DRAM_ACTIVE`` = 0.85 × the share of the window spent streaming HBM (the model's memory
-   roofline time), which keeps it under the practical ceiling of ~0.8–0.9 (REFERENCE §1).
-3. ``GR_ENGINE_ACTIVE`` = busy fraction. ``SM_ACTIVE`` weighs the busy time by what ran: 0.95
-   in compute-bound steps (GEMMs fill every SM), 0.95 in memory-bound steps too (warps stalled on
-   HBM count as active: a real H100 streaming a copy at 90 % of peak read SM 0.99, DRAM 0.90,
-   tests/data/h100_nvml), 0.25 during all-reduces (NCCL runs on a
-   few channels' SMs), 0.3 for the rest (launch gaps, sampling).
-4. Intra-node TP traffic is NVLink bytes; traffic to other nodes leaves through the NIC and so
-   is PCIe bytes. ``NVLINK_BANDWIDTH_TOTAL`` (field 449) is exported as dcgm-exporter does: a
-   MB/s rate of both directions, typed ``counter``.
-5. Frame buffer: vLLM preallocates 90 % of HBM, so ``FB_USED`` is flat whatever the load (MiB).
-6. A throttled (straggler) GPU shows its SM clock × ratio, throttle reasons
-   ``SW_THERMAL | HW_THERMAL`` (0x20 | 0x40), ~88 °C, and a growing thermal-violation counter.
+1. ``NVLINK_BANDWIDTH_TOTAL`` (field 449) is exported as dcgm-exporter does: a MB/s rate of both
+   directions, typed ``counter``. Inter-node traffic leaves through the NIC (GPUDirect RDMA),
+   so it is PCIe bytes.
+2. Frame buffer: vLLM preallocates 90 % of HBM, so ``FB_USED`` is flat whatever the load (MiB).
+3. Power: the interval's energy ÷ its length (idle + what the steps drew), never above the
+   enforced limit; ``POWER_MGMT_LIMIT`` and ``ENFORCED_POWER_LIMIT`` read the GPU's limit (W):
+   the board's TDP unless a fault lowered it. ``TOTAL_ENERGY_CONSUMPTION`` is mJ since start.
+4. Throttle reasons as the bitmask DCGM exports: ``SW_POWER_CAP`` 0x4 while the power limit held
+   the clock in the interval, ``SW_THERMAL | HW_THERMAL`` (0x20 | 0x40) on a thermally throttled
+   GPU (which also reads ~88 °C). ``POWER_VIOLATION`` / ``THERMAL_VIOLATION`` count the
+   throttled time in ns, as DCGM does.
+5. ``XID_ERRORS`` is the last XID code (a gauge, not a count): 0 until the fault, the code after.
+6. ``NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL``, ``_CRC_DATA_``, ``_REPLAY_``, ``_RECOVERY_`` and
+   ``PCIE_REPLAY_COUNTER`` are counters that rise on a GPU with link errors (flit CRC errors
+   as injected; a data CRC error per four of them; a replay per two), 0 elsewhere.
+7. ``SM_CLOCK``: nominal × the busy-time mean clock ratio (nominal while idle).
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
+from simulate.activity import IDLE_W, Timeline
+
 NOMINAL_SM_MHZ = 1980
 MEM_MHZ = 2619
-IDLE_W = 70.0
-TDP_W = 700.0
+SW_POWER_CAP = 0x4
 THERMAL_THROTTLE_MASK = 0x20 | 0x40
 DRIVER = "580.105.08"
+WINDOW_S = 1.0  # the exporter's collect interval the activity fields average over
 
 # (field, type, help, value key)
 FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -38,6 +43,8 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
     ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C)."),
     ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "gauge", "Power management limit (in W)."),
+    ("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "gauge", "Current enforced power limit (in W)."),
     ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ)."),
     ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
     ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
@@ -46,7 +53,16 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
     ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
     ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "Current clock throttle reasons."),
-    ("DCGM_FI_DEV_THERMAL_VIOLATION", "counter", "Throttling duration due to thermal constraints (in us)."),
+    ("DCGM_FI_DEV_POWER_VIOLATION", "counter", "Throttling duration due to power constraints (in ns)."),
+    ("DCGM_FI_DEV_THERMAL_VIOLATION", "counter", "Throttling duration due to thermal constraints (in ns)."),
+    (
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "counter",
+        "Total number of NVLink flow-control CRC errors.",
+    ),
+    ("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink data CRC errors."),
+    ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink retries."),
+    ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "counter", "Total number of NVLink recovery errors."),
     (
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
         "counter",
@@ -66,16 +82,19 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
 
 @dataclass
 class GpuState:
-    """One simulated GPU's identity and its cumulative counters."""
+    """One simulated GPU's identity, its fault state and its step timeline."""
 
     host: str
     index: int
     model_name: str
     hbm_mib: int
     pod: str = ""
-    clock_ratio: float = 1.0
-    energy_mj: float = 0.0
-    thermal_violation_us: float = 0.0
+    clock_ratio: float = 1.0  # < 1: thermally throttled
+    tdp_w: float = 700.0
+    power_limit_w: float = 0.0  # 0: the TDP
+    xid: int = 0
+    xid_at_s: float = -1.0
+    timeline: Timeline = field(default_factory=Timeline)
     values: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -99,61 +118,47 @@ class GpuState:
         return "{" + ",".join(parts) + "}"
 
 
-@dataclass(frozen=True)
-class Window:
-    """What the GPU did over the last ``seconds`` (deltas of the engine's activity)."""
-
-    seconds: float
-    busy_s: float
-    compute_s: float
-    hbm_s: float
-    compute_bound_s: float
-    memory_bound_s: float
-    comm_s: float
-    nvlink_bytes: float
-    nic_bytes: float
-
-
-def update(gpu: GpuState, w: Window) -> None:
-    """Rules 1–6: set ``gpu.values`` for the window and advance its cumulative counters."""
-    dt = max(w.seconds, 1e-9)
-    busy = min(w.busy_s / dt, 1.0)
-    rest = max(w.busy_s - w.compute_bound_s - w.memory_bound_s - w.comm_s, 0.0)
-    sm = min((0.95 * w.compute_bound_s + 0.95 * w.memory_bound_s + 0.25 * w.comm_s + 0.3 * rest) / dt, 1.0)
-    tensor = 0.9 * min(w.compute_s / dt, 1.0)
-    dram = 0.85 * min(w.hbm_s / dt, 1.0)
-    power = IDLE_W + (TDP_W - IDLE_W) * (0.3 * busy + 0.7 * max(tensor, dram))
-    throttled = gpu.clock_ratio < 1.0
-    gpu.energy_mj += power * dt * 1000
-    if throttled:
-        gpu.thermal_violation_us += dt * 1e6 * 0.8
-    nv = w.nvlink_bytes / dt
-    nic = w.nic_bytes / dt
+def update(gpu: GpuState, t: float, window_s: float = WINDOW_S) -> None:
+    """Set ``gpu.values`` at simulated time ``t`` (rules 1-7)."""
+    w, total = gpu.timeline.sample(t, min(window_s, max(t, 1e-3)))
+    thermal = gpu.clock_ratio < 1.0
+    limit = gpu.power_limit_w or gpu.tdp_w
+    power = min(w.power_w, limit)
+    flits = total["nvlink_errors"]
+    mask = (THERMAL_THROTTLE_MASK if thermal else 0) | (SW_POWER_CAP if w.capped > 0 else 0)
+    hot = round(32 + 40 * (power - IDLE_W) / (gpu.tdp_w - IDLE_W))
     gpu.values = {
-        "DCGM_FI_DEV_SM_CLOCK": round(NOMINAL_SM_MHZ * gpu.clock_ratio),
+        "DCGM_FI_DEV_SM_CLOCK": round(NOMINAL_SM_MHZ * w.clock_ratio),
         "DCGM_FI_DEV_MEM_CLOCK": MEM_MHZ,
-        "DCGM_FI_DEV_GPU_TEMP": 88 if throttled else round(32 + 40 * (power - IDLE_W) / (TDP_W - IDLE_W)),
-        "DCGM_FI_DEV_MEMORY_TEMP": 80 if throttled else round(35 + 30 * dram),
+        "DCGM_FI_DEV_GPU_TEMP": 88 if thermal else hot,
+        "DCGM_FI_DEV_MEMORY_TEMP": 80 if thermal else round(35 + 30 * w.dram),
         "DCGM_FI_DEV_POWER_USAGE": power,
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": round(gpu.energy_mj),
-        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 0,
-        "DCGM_FI_DEV_GPU_UTIL": round(100 * busy),
-        "DCGM_FI_DEV_MEM_COPY_UTIL": round(100 * dram),
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT": limit,
+        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": limit,
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": round((IDLE_W * t + total["energy_j"]) * 1000),
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": round(total["pcie_replays"]),
+        "DCGM_FI_DEV_GPU_UTIL": round(100 * w.util),
+        "DCGM_FI_DEV_MEM_COPY_UTIL": round(100 * w.dram),
         "DCGM_FI_DEV_FB_FREE": round(gpu.hbm_mib * 0.1) - 512,
         "DCGM_FI_DEV_FB_USED": round(gpu.hbm_mib * 0.9),
-        "DCGM_FI_DEV_XID_ERRORS": 0,
-        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": THERMAL_THROTTLE_MASK if throttled else 0,
-        "DCGM_FI_DEV_THERMAL_VIOLATION": round(gpu.thermal_violation_us),
-        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": round(2 * nv / 1e6),
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": busy,
-        "DCGM_FI_PROF_SM_ACTIVE": sm,
-        "DCGM_FI_PROF_SM_OCCUPANCY": 0.35 * sm,
-        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": tensor,
-        "DCGM_FI_PROF_DRAM_ACTIVE": dram,
-        "DCGM_FI_PROF_PCIE_TX_BYTES": round(nic + 2e6 * busy),
-        "DCGM_FI_PROF_PCIE_RX_BYTES": round(nic + 1e6 * busy),
-        "DCGM_FI_PROF_NVLINK_TX_BYTES": round(nv),
-        "DCGM_FI_PROF_NVLINK_RX_BYTES": round(nv),
+        "DCGM_FI_DEV_XID_ERRORS": gpu.xid if 0 <= gpu.xid_at_s <= t else 0,
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": mask,
+        "DCGM_FI_DEV_POWER_VIOLATION": round(total["capped_s"] * 1e9),
+        "DCGM_FI_DEV_THERMAL_VIOLATION": round(total["thermal_s"] * 1e9),
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": round(flits),
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": round(flits / 4),
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": round(flits / 2),
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": 0,
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": round(2 * w.nvlink_bytes_per_s / 1e6),
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": w.gr_active,
+        "DCGM_FI_PROF_SM_ACTIVE": w.sm_active,
+        "DCGM_FI_PROF_SM_OCCUPANCY": w.sm_occupancy,
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": w.tensor,
+        "DCGM_FI_PROF_DRAM_ACTIVE": w.dram,
+        "DCGM_FI_PROF_PCIE_TX_BYTES": round(w.nic_bytes_per_s + w.pcie_tx_bytes_per_s + 2e6 * w.util),
+        "DCGM_FI_PROF_PCIE_RX_BYTES": round(w.nic_bytes_per_s + w.pcie_rx_bytes_per_s + 1e6 * w.util),
+        "DCGM_FI_PROF_NVLINK_TX_BYTES": round(w.nvlink_bytes_per_s),
+        "DCGM_FI_PROF_NVLINK_RX_BYTES": round(w.nvlink_bytes_per_s),
     }
 
 

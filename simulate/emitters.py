@@ -7,13 +7,16 @@ real OpenTelemetry SDK (``BatchSpanProcessor`` + OTLP/HTTP protobuf exporter), w
 
 NCCL Inspector (REFERENCE §3): ``<dir>/<host>-pid<pid>.log`` JSONL in format v4.0 with verbose
 ``event_trace_ts``. Rules:
-1. One TP all-reduce per sampled engine step is written for every rank (the simulator samples:
-   a real Inspector records every collective ≥ 8 KiB, ~2 per layer per step); ``coll_sn``
-   advances by the real count (2 × layers) per step so sequence numbers stay realistic.
-2. Rank r arrives at ``step start + its GPU time`` (the throttled rank's GPU time is divided
-   by its clock ratio, so it arrives last); the collective ends when the last rank has arrived
-   plus the transfer time; each rank's ``coll_exec_time_us`` runs from its own arrival to the
-   end, so it includes waiting, as the real field does.
+1. One call of the group's collective per sampled engine step is written for every rank (the
+   Inspector's dump thread writes the latest completed collective per interval: a sample);
+   ``coll_sn`` advances by the step's real number of calls (2 per layer: TP all-reduces, or
+   EP dispatch + combine all-to-alls) so the gaps say how many calls a record stands for.
+   The op is ``AllReduce`` for TP, ``AlltoAll`` (NCCL ≥ 2.28's native all-to-all) for EP;
+   busbw = algbw × 2(n−1)/n for AllReduce, × (n−1)/n for AlltoAll.
+2. Each rank arrives when the step's model says (a throttled, contended or hung rank later,
+   with ±2 % noise); the collective ends when the last rank has arrived plus the transfer time;
+   each rank's ``coll_exec_time_us`` runs from its own arrival to the end, so it includes
+   waiting, as the real field does.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ class InspectorWriter:
     hosts: list[str]  # host of each rank
     layers: int
     comm_id: str = ""
+    comm_name: str = ""
     coll_sn: int = 0
     rng: random.Random = field(default_factory=random.Random)
     _files: dict[int, Any] = field(default_factory=dict)
@@ -97,24 +101,38 @@ class InspectorWriter:
     def __post_init__(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.comm_id = self.comm_id or f"0x{abs(hash(self.deployment)) % (1 << 60):x}"
+        self.comm_name = self.comm_name or f"{self.deployment}-tp"
 
-    def write_step(self, start_us: float, gpu_us: list[float], transfer_us: float, msg_bytes: int) -> None:
-        arrivals = [start_us + g * self.rng.uniform(0.98, 1.02) for g in gpu_us]
+    def write_step(
+        self,
+        start_us: float,
+        arrivals_us: list[float],
+        transfer_us: float,
+        msg_bytes: int,
+        op: str = "AllReduce",
+        calls: int = 0,
+    ) -> None:
+        """Rules 1-2 for one sampled call of a step that started at ``start_us``: ``arrivals_us``
+        are the ranks' arrivals (epoch µs)."""
+        arrivals = [start_us + (a - start_us) * self.rng.uniform(0.98, 1.02) for a in arrivals_us]
         end = max(arrivals) + transfer_us
-        n = len(gpu_us)
+        n = len(arrivals)
         nnodes = len(set(self.hosts))
-        self.coll_sn += 2 * self.layers
+        self.coll_sn += calls or 2 * self.layers
         for rank, arrive in enumerate(arrivals):
-            rec = self._record(rank, n, nnodes, arrive, end, msg_bytes)
+            rec = self._record(rank, n, nnodes, arrive, end, msg_bytes, op)
             self._file(rank).write(json.dumps(rec, separators=(",", ":")) + "\n")
 
-    def _record(self, rank: int, n: int, nnodes: int, start: float, stop: float, msg: int) -> dict[str, Any]:
+    def _record(
+        self, rank: int, n: int, nnodes: int, start: float, stop: float, msg: int, op: str
+    ) -> dict[str, Any]:
         exec_us = stop - start
         algbw = msg / (exec_us * 1e-6) / 1e9 if exec_us > 0 else 0.0
+        factor = 2 * (n - 1) / n if op == "AllReduce" else (n - 1) / n
         return {
             "header": {
                 "id": self.comm_id,
-                "comm_name": f"{self.deployment}-tp",
+                "comm_name": self.comm_name,
                 "rank": rank,
                 "n_ranks": n,
                 "nnodes": nnodes,
@@ -127,13 +145,13 @@ class InspectorWriter:
                 "pid": 4000 + rank,
             },
             "coll_perf": {
-                "coll": "AllReduce",
+                "coll": op,
                 "coll_sn": self.coll_sn,
                 "coll_msg_size_bytes": msg,
                 "coll_exec_time_us": round(exec_us, 3),
                 "coll_timing_source": "kernel_gpu",
                 "coll_algobw_gbs": round(algbw, 4),
-                "coll_busbw_gbs": round(algbw * 2 * (n - 1) / n, 4),
+                "coll_busbw_gbs": round(algbw * factor, 4),
                 "event_trace_ts": {
                     "coll_start_ts": int(start),
                     "coll_stop_ts": int(stop),

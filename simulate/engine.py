@@ -9,9 +9,12 @@ Each step, in order:
 4. Prefill is scheduled with chunking: the token budget (``max_batched_tokens`` − decodes)
    goes first to requests already prefilling, then to waiting requests admitted while the
    sequence limit and the KV capacity (their whole prompt) allow.
-5. The step lasts ``step(decode_batch, decode_context_tokens, prefill_tokens).seconds``;
+5. The step lasts ``step(decode_batch, decode_context_tokens, prefill_tokens, now).seconds``;
    every decoding request observes that as one inter-token latency (vLLM's ITL histogram has
    one observation per engine step per request).
+6. A request handed over by a prefill engine (``Arrival.kv_ready``) arrives with its prompt's
+   KV already in place: it is admitted when its KV fits and decodes from its first step (its
+   first token is that step's); a preempted one recomputes its prompt here like any other.
 
 Times are simulated seconds from the start of the run; the caller maps them to wall time.
 """
@@ -19,25 +22,44 @@ Times are simulated seconds from the start of the run; the caller maps them to w
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from simulate.workload import Arrival
 
 
 @dataclass(frozen=True)
+class Collective:
+    """One sampled call of a step's collectives: op, calls per step, message bytes, transfer
+    seconds of one call, and each rank's arrival (seconds after the step starts)."""
+
+    op: str
+    calls: int
+    msg_bytes: int
+    transfer_s: float
+    arrivals_s: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class StepCost:
-    """One engine step: its duration and what it spent it on (per GPU)."""
+    """One engine step: its duration, what it spent it on, and what each GPU of the group did
+    (``ranks``: :class:`simulate.activity.RankStep`, one per TP × PP rank)."""
 
     seconds: float
     compute_s: float
     hbm_s: float
     comm_s: float
     comm_bytes_per_gpu: float
+    host_s: float = 0.0
+    flops: float = 0.0
+    hbm_bytes: float = 0.0
+    ranks: tuple[Any, ...] = ()
+    collectives: tuple[Collective, ...] = ()
 
 
-StepFn = Callable[[int, int, int], StepCost]
+class StepFn(Protocol):
+    def __call__(self, batch: int, ctx: int, prefill: int, now: float = 0.0) -> StepCost: ...
 
 
 @dataclass(frozen=True)
@@ -60,6 +82,8 @@ class Request:
     first_token_s: float | None = None
     last_token_s: float = 0.0
     preemptions: int = 0
+    ready_s: float = 0.0  # when it reached this engine (its arrival, or its KV's arrival)
+    remote_kv: bool = False
 
     @property
     def kv_tokens(self) -> int:
@@ -93,21 +117,6 @@ class EngineObserver(Protocol):
 
 
 @dataclass
-class Activity:
-    """Cumulative GPU-side work of the engine, read by the counter sampler."""
-
-    busy_s: float = 0.0
-    compute_s: float = 0.0
-    hbm_s: float = 0.0
-    compute_bound_s: float = 0.0  # steps whose GPU part is the compute roofline
-    memory_bound_s: float = 0.0  # steps whose GPU part is the HBM roofline
-    comm_s: float = 0.0
-    comm_bytes: float = 0.0
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-
-
-@dataclass
 class EngineSim:
     """One engine replica (a DP rank); see the module rules."""
 
@@ -118,7 +127,6 @@ class EngineSim:
     clock: float = 0.0
     waiting: deque[Request] = field(default_factory=deque)
     running: list[Request] = field(default_factory=list)
-    activity: Activity = field(default_factory=Activity)
     preemptions: int = 0
     _next: Arrival | None = None
     _rid: int = 0
@@ -135,6 +143,8 @@ class EngineSim:
         while self.clock < until_s:
             self._arrive()
             if not self.running and not self.waiting:
+                if self._next is None:
+                    self._next = next(self.arrivals, None)
                 nxt = self._next.t_s if self._next else until_s
                 self.clock = min(max(nxt, self.clock), until_s)
                 if self.clock >= until_s:
@@ -143,10 +153,17 @@ class EngineSim:
             self._one_step()
 
     def _arrive(self) -> None:
+        if self._next is None:  # a live source (a P/D hand-off queue) may have grown since
+            self._next = next(self.arrivals, None)
         while self._next is not None and self._next.t_s <= self.clock:
             a = self._next
             self._rid += 1
-            self.waiting.append(Request(self._rid, a.t_s, a.isl, a.osl, prompt=a.isl))
+            origin = a.origin_s if a.origin_s >= 0 else a.t_s
+            req = Request(self._rid, origin, a.isl, a.osl, prompt=a.isl, ready_s=a.t_s)
+            if a.kv_ready:  # rule 6: the prompt's KV arrived from a prefill engine
+                req.prefilled = req.prompt
+                req.remote_kv = True
+            self.waiting.append(req)
             self._next = next(self.arrivals, None)
 
     def _one_step(self) -> None:
@@ -156,13 +173,15 @@ class EngineSim:
         chunks = self._schedule_prefill(self.cfg.max_batched_tokens - len(decoders))
         prefill_tokens = sum(n for _, n in chunks)
         ctx = sum(r.kv_tokens for r in decoders)
-        cost = self.step(len(decoders), ctx, prefill_tokens)
+        cost = self.step(len(decoders), ctx, prefill_tokens, self.clock)
         self.clock += cost.seconds
-        self._account(cost, len(decoders), prefill_tokens)
         self.observer.step(cost, len(decoders), prefill_tokens, cost.seconds)
         for req in decoders:
             req.generated += 1
             req.last_token_s = self.clock
+            if req.first_token_s is None:  # a remote-KV request's first token is its first decode
+                req.first_token_s = self.clock
+                self.observer.first_token(req, self.clock)
         for req, n in chunks:
             req.prefilled += n
             if req.decoding and req.first_token_s is None:
@@ -178,6 +197,7 @@ class EngineSim:
             decoders -= 1 if victim.decoding else 0
             victim.prompt = victim.isl + victim.generated
             victim.prefilled = 0
+            victim.remote_kv = False
             victim.preemptions += 1
             self.preemptions += 1
             self.observer.preempted()
@@ -203,24 +223,12 @@ class EngineSim:
             if req.scheduled_s is None:
                 req.scheduled_s = self.clock
             self.running.append(req)
+            if req.decoding:  # its KV came from a prefill engine: nothing to compute
+                continue
             n = min(req.prompt, budget)
             chunks.append((req, n))
             budget -= n
         return chunks
-
-    def _account(self, cost: StepCost, decoders: int, prefill_tokens: int) -> None:
-        a = self.activity
-        a.busy_s += cost.seconds
-        a.compute_s += cost.compute_s
-        a.hbm_s += cost.hbm_s
-        if cost.compute_s >= cost.hbm_s:
-            a.compute_bound_s += cost.compute_s
-        else:
-            a.memory_bound_s += cost.hbm_s
-        a.comm_s += cost.comm_s
-        a.comm_bytes += cost.comm_bytes_per_gpu
-        a.prefill_tokens += prefill_tokens
-        a.decode_tokens += decoders
 
     def _finish_done(self) -> None:
         keep: list[Request] = []

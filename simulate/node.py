@@ -1,24 +1,25 @@
 """Simulated deployments served over HTTP on 127.0.0.1, advanced in real time.
 
 Every ``tick_s`` the engines are advanced to the wall clock and each GPU's counters are set
-from what its engine did over the last second. Endpoints (one server for all):
+from the steps it ran over the last second (:mod:`simulate.activity`). Endpoints (one server
+for all):
 
 * ``/dcgm/<host>/metrics`` — that node's dcgm-exporter (:mod:`simulate.dcgm_exporter`);
-* ``/vllm/<deployment>/metrics`` — the deployment's vLLM ``/metrics`` (``engine`` = DP index).
+* ``/vllm/<deployment>/metrics`` — the deployment's vLLM ``/metrics`` (``engine`` = the
+  engine's index: DP rank, or prefill engines first then decode engines).
 
 Spans go to ``otlp_endpoint`` when given; NCCL Inspector logs to ``inspector_dir`` when given.
-Inter-node share of TP traffic (used to split NVLink from NIC bytes): (nodes − 1) / nodes of a
-group spanning several nodes, 0 inside one node.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -26,12 +27,13 @@ from typing import Any
 from analyzer.catalog import gpu as catalog_gpu
 from analyzer.modelcfg import load as load_model
 from simulate import dcgm_exporter as dcgm
+from simulate.activity import RankStep
 from simulate.emitters import InspectorWriter, SpanEmitter
-from simulate.engine import Activity, EngineConfig, EngineSim, Finished, Request, StepCost
+from simulate.engine import EngineConfig, EngineSim, Finished, Request, StepCost
 from simulate.spec import SimDeployment
-from simulate.stepmodel import StepModel, kv_capacity_tokens, step_model
+from simulate.stepmodel import StepModel, kv_capacity_tokens, kv_transfer_s, step_model, tdp_w
 from simulate.vllm_metrics import EngineMetrics, VllmRegistry
-from simulate.workload import load_trace, replay
+from simulate.workload import Arrival, load_trace, replay
 
 log = logging.getLogger(__name__)
 
@@ -47,24 +49,28 @@ GARBAGE = b"\x00\x9f garbage from a broken exporter \xff\n{{{ not exposition\n"
 
 
 class _Tap:
-    """Engine observer that forwards to the vLLM metrics and writes sampled Inspector records."""
+    """Engine observer: forwards to the vLLM metrics, puts each step on its GPUs' timelines and
+    writes sampled Inspector records."""
 
-    def __init__(self, metrics: EngineMetrics, sim: DeploymentSim, replica: int):
-        self.metrics, self.sim, self.replica = metrics, sim, replica
+    def __init__(self, metrics: EngineMetrics, sim: DeploymentSim, engine_index: int):
+        self.metrics, self.sim, self.index = metrics, sim, engine_index
         self.engine: EngineSim | None = None
         self._last_write = -1.0
 
     def step(self, cost: StepCost, decoding: int, prefill_tokens: int, itl_s: float) -> None:
         self.metrics.step(cost, decoding, prefill_tokens, itl_s)
-        writer = self.sim.inspectors.get(self.replica)
-        if (
-            writer is None
-            or self.engine is None
-            or self.engine.clock - self._last_write < INSPECTOR_MIN_GAP_S
-        ):
+        if self.engine is None:
+            return
+        start = self.engine.clock - cost.seconds
+        for g, rank in zip(self.sim.engine_gpus(self.index), cost.ranks, strict=False):
+            g.timeline.add(start, rank)
+        writer = self.sim.inspectors.get(self.index)
+        if writer is None or not cost.collectives:
+            return
+        if self.engine.clock - self._last_write < INSPECTOR_MIN_GAP_S:
             return
         self._last_write = self.engine.clock
-        self.sim.write_collective(writer, self.engine.clock - cost.seconds, cost, decoding + prefill_tokens)
+        self.sim.write_collective(writer, start, cost)
 
     def first_token(self, req: Request, now: float) -> None:
         self.metrics.first_token(req, now)
@@ -76,8 +82,43 @@ class _Tap:
         self.metrics.preempted()
 
 
+class HandOff:
+    """A decode engine's arrivals: requests whose KV a prefill engine has sent, by arrival time."""
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, Arrival]] = []
+        self.n = 0
+
+    def put(self, a: Arrival) -> None:
+        self.n += 1
+        heapq.heappush(self.heap, (a.t_s, self.n, a))
+
+    def __iter__(self) -> HandOff:
+        return self
+
+    def __next__(self) -> Arrival:
+        if not self.heap:
+            raise StopIteration
+        return heapq.heappop(self.heap)[2]
+
+
 @dataclass
 class DeploymentSim:
+    """One deployment's engines (DP replicas, or prefill and decode engines) and their GPUs.
+
+    Disaggregated prefill/decode (``spec.prefill`` > 0):
+    1. Arrivals go round-robin to the prefill engines, each with one output token (vLLM's P/D
+       proxy sends the prompt with ``max_tokens=1``).
+    2. When a prefill finishes, its KV cache is sent to the next decode engine (round-robin) over
+       ``kv_fabric``; transfers from one prefill engine's NICs go one after another, and
+       congestion (a fault) divides the fabric's bandwidth as for collectives.
+    3. The decode engine receives the request when the transfer ends, with its KV in place; the
+       transfer's wire time and bytes go to its ``vllm:nixl_xfer_time_seconds`` and
+       ``vllm:nixl_bytes_transferred`` when it is posted (before any wait for the link). Its TTFT
+       runs from the request's arrival at the prefill engine. The prefill GPUs send the
+       bytes (PCIe TX), the decode GPUs receive them (PCIe RX).
+    """
+
     spec: SimDeployment
     epoch_s: float
     otlp_endpoint: str = ""
@@ -86,8 +127,8 @@ class DeploymentSim:
     gpus: list[dcgm.GpuState] = field(default_factory=list)
     inspectors: dict[int, InspectorWriter] = field(default_factory=dict)
     spans: SpanEmitter | None = None
-    history: list[deque[tuple[float, Activity]]] = field(default_factory=list)
     observers: list[EngineMetrics] = field(default_factory=list)
+    handoffs: dict[int, HandOff] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         d = self.spec
@@ -97,109 +138,132 @@ class DeploymentSim:
         self.registry = VllmRegistry(_hf_name(d.model))
         if self.otlp_endpoint:
             self.spans = SpanEmitter(self.otlp_endpoint, d.name, self.registry.model_name, f"{d.name}-engine")
-        self._build(g.hbm_bytes)
+        self._link_free: dict[int, float] = {}
+        self._osl: dict[int, dict[int, int]] = {}
+        self._next_decode = 0
+        self._build(g.hbm_bytes, tdp_w(g))
 
-    def _build(self, hbm_bytes: float) -> None:
+    def _arrivals(self, index: int, front: int) -> Iterator[Arrival]:
+        """Each front-door engine takes every ``front``-th request of the trace (round-robin)."""
         d = self.spec
-        trace = load_trace(d.workload)
+
+        def surge(t: float) -> float:
+            f = d.faults
+            return f.surge_multiplier if 0 <= f.surge_at_s <= t else 1.0
+
+        stream = replay(load_trace(d.workload), speed=d.speed, rate_multiplier=surge, seed=d.seed,
+                        max_isl=d.max_isl, poisson=d.poisson)  # fmt: skip
+        mine = (a for i, a in enumerate(stream) if i % front == index)
+        if d.role(index) != "prefill":
+            return mine
+        osl = self._osl.setdefault(index, {})
+
+        def one_token() -> Iterator[Arrival]:
+            for rid, a in enumerate(mine, start=1):  # the engine numbers its requests 1, 2, …
+                osl[rid] = a.osl
+                yield Arrival(a.t_s, a.isl, 1)
+
+        return one_token()
+
+    def _build(self, hbm_bytes: float, tdp: float) -> None:
+        d = self.spec
         cfg = EngineConfig(kv_capacity_tokens=kv_capacity_tokens(d), max_num_seqs=d.max_num_seqs)
-        per = d.tp * d.pp
-        for replica in range(d.dp):
-
-            def surge(t: float) -> float:
-                f = d.faults
-                return f.surge_multiplier if 0 <= f.surge_at_s <= t else 1.0
-
-            # each DP replica takes every dp-th request of the trace (a round-robin router)
-            arrivals = (
-                a
-                for i, a in enumerate(
-                    replay(
-                        trace,
-                        speed=d.speed,
-                        rate_multiplier=surge,
-                        seed=d.seed,
-                        max_isl=d.max_isl,
-                        poisson=d.poisson,
-                    )
-                )
-                if i % d.dp == replica
-            )
-            metrics = self.registry.observer(replica, self._on_finish(replica))
-            tap = _Tap(metrics, self, replica)
-            engine = EngineSim(cfg, self.model, arrivals, tap)
+        front = d.prefill or d.dp
+        for index in range(d.engines):
+            role = d.role(index)
+            if role == "decode":
+                self.handoffs[index] = HandOff()
+                arrivals: Iterator[Arrival] = self.handoffs[index]
+            else:
+                arrivals = self._arrivals(index, front)
+            metrics = self.registry.observer(index, self._on_finish(index), receives_kv=role == "decode")
+            tap = _Tap(metrics, self, index)
+            model = step_model(replace(d, seed=d.seed * 1000 + index))
+            engine = EngineSim(cfg, model, arrivals, tap)
             tap.engine = engine
             self.engines.append(engine)
             self.observers.append(metrics)
-            self.history.append(deque([(0.0, Activity())], maxlen=64))
-            ranks = list(range(replica * per, (replica + 1) * per))
-            for rank_in_group, i in enumerate(ranks):
-                ratio = d.faults.straggler_clock_ratio if rank_in_group == d.faults.straggler_gpu else 1.0
+            ranks = d.gpu_indices(index)
+            for rank, i in enumerate(ranks):
+                f = d.faults
                 self.gpus.append(
                     dcgm.GpuState(
-                        d.host(i),
-                        i % d.gpus_per_node,
-                        _gpu_model_name(d.gpu),
-                        int(hbm_bytes / 2**20),
-                        pod=f"{d.name}-engine-{replica}",
-                        clock_ratio=ratio,
+                        d.host(i), i % d.gpus_per_node, _gpu_model_name(d.gpu), int(hbm_bytes / 2**20),
+                        pod=f"{d.name}-{'engine' if role == 'both' else role}-{index}",
+                        clock_ratio=f.straggler_clock_ratio if rank == f.straggler_gpu else 1.0,
+                        tdp_w=tdp,
+                        power_limit_w=f.power_limit_w if rank == f.power_limit_gpu else 0.0,
+                        xid=f.xid if rank == f.xid_gpu else 0,
+                        xid_at_s=f.xid_at_s if rank == f.xid_gpu else -1.0,
                     )
-                )
-            if self.inspector_dir is not None and per > 1:
-                comm = "0x" + hashlib.sha1(f"{d.name}/{replica}".encode()).hexdigest()[:16]
-                self.inspectors[replica] = InspectorWriter(
-                    self.inspector_dir, d.name, [d.host(i) for i in ranks], self.layers, comm_id=comm
-                )
+                )  # fmt: skip
+            if self.inspector_dir is not None and d.per_engine > 1:
+                comm = "0x" + hashlib.sha1(f"{d.name}/{index}".encode()).hexdigest()[:16]
+                self.inspectors[index] = InspectorWriter(
+                    self.inspector_dir, d.name, [d.host(i) for i in ranks], self.layers, comm_id=comm,
+                    comm_name=f"{d.name}-{'ep' if d.ep > 1 else 'tp'}",
+                )  # fmt: skip
 
-    def _on_finish(self, replica: int) -> Any:
+    def engine_gpus(self, index: int) -> list[dcgm.GpuState]:
+        per = self.spec.per_engine
+        return self.gpus[index * per : (index + 1) * per]
+
+    def _on_finish(self, index: int) -> Any:
+        prefill = self.spec.role(index) == "prefill"
+
         def emit(done: Finished) -> None:
-            if self.spans is not None:
-                self.spans.emit(done, self.epoch_s, replica)
+            if prefill:
+                self._send_kv(index, done)
+            elif self.spans is not None:
+                self.spans.emit(done, self.epoch_s, index)
 
         return emit
 
+    def _send_kv(self, index: int, done: Finished) -> None:
+        """Rules 2-3: the prefilled request's KV goes to the next decode engine."""
+        d = self.spec
+        seconds, nbytes = kv_transfer_s(d, done.isl)
+        seconds /= self.model.congestion(done.finish_s)
+        start = max(done.finish_s, self._link_free.get(index, 0.0))
+        end = start + seconds
+        self._link_free[index] = end
+        target = d.prefill + self._next_decode % d.dp
+        self._next_decode += 1
+        original = self._osl.get(index, {}).pop(done.rid, done.osl)
+        self.handoffs[target].put(Arrival(end, done.isl, original, origin_s=done.arrival_s, kv_ready=True))
+        self.observers[target].kv_transfer(seconds, nbytes)
+        per_gpu = nbytes / d.per_engine
+        for g in self.engine_gpus(index):
+            g.timeline.add(start, RankStep(seconds=seconds, pcie_tx_bytes=per_gpu))
+        for g in self.engine_gpus(target):
+            g.timeline.add(start, RankStep(seconds=seconds, pcie_rx_bytes=per_gpu))
+
     def advance(self, t: float) -> None:
-        for replica, (engine, obs) in enumerate(zip(self.engines, self.observers, strict=True)):
+        # prefill engines first, so that the KV they send is waiting when the decode engines run
+        for engine, obs in zip(self.engines, self.observers, strict=True):
             engine.advance(t)
             obs.gauges(
                 len(engine.running), len(engine.waiting), engine.kv_used / engine.cfg.kv_capacity_tokens
             )
-            hist = self.history[replica]
-            hist.append((t, _copy(engine.activity)))
-            self._update_gpus(replica, hist, t)
+        for g in self.gpus:
+            dcgm.update(g, t)
 
-    def _update_gpus(self, replica: int, hist: deque[tuple[float, Activity]], t: float) -> None:
-        t0, a0 = next(((ts, a) for ts, a in hist if t - ts <= 1.0), hist[0])
-        a1 = hist[-1][1]
-        d = self.spec
-        per = d.tp * d.pp
-        inter = (d.nodes - 1) / d.nodes if d.tp > d.gpus_per_node else 0.0
-        comm = a1.comm_bytes - a0.comm_bytes
-        w = dcgm.Window(
-            max(t - t0, 1e-3),
-            a1.busy_s - a0.busy_s,
-            a1.compute_s - a0.compute_s,
-            a1.hbm_s - a0.hbm_s,
-            a1.compute_bound_s - a0.compute_bound_s,
-            a1.memory_bound_s - a0.memory_bound_s,
-            a1.comm_s - a0.comm_s,
-            comm * (1 - inter),
-            comm * inter,
+    def write_collective(self, writer: InspectorWriter, start_s: float, cost: StepCost) -> None:
+        """The step's sampled collective call (emitters rules 1-2): each rank's arrival and the
+        transfer, plus this call's own cross-node jitter."""
+        c = cost.collectives[0]
+        f = self.spec.faults
+        jitter = self.model.rng.expovariate(1 / f.jitter_s) if f.jitter_s else 0.0
+        crosses = self.spec.nodes > 1 and self.spec.per_engine > self.spec.gpus_per_node
+        base = (self.epoch_s + start_s) * 1e6
+        writer.write_step(
+            base,
+            [base + a * 1e6 for a in c.arrivals_s],
+            (c.transfer_s + (jitter if crosses else 0.0)) * 1e6,
+            c.msg_bytes,
+            op=c.op,
+            calls=c.calls,
         )
-        for g in self.gpus[replica * per : (replica + 1) * per]:
-            dcgm.update(g, w)
-
-    def write_collective(self, writer: InspectorWriter, start_s: float, cost: StepCost, tokens: int) -> None:
-        """One TP all-reduce of the step: each rank arrives after its share of the step's GPU work
-        between two all-reduces (1 / (2 × layers) of it), the throttled rank at its clock ratio."""
-        d = self.spec
-        per_collective = max(cost.compute_s, cost.hbm_s) / max(2 * self.layers, 1)
-        gpu_us = [
-            per_collective / (d.faults.straggler_clock_ratio if r == d.faults.straggler_gpu else 1.0) * 1e6
-            for r in range(d.tp)
-        ]
-        transfer_us = cost.comm_s / max(2 * self.layers, 1) * 1e6
-        writer.write_step((self.epoch_s + start_s) * 1e6, gpu_us, transfer_us, tokens * self.model.hidden * 2)
 
     def hosts(self) -> list[str]:
         return sorted({g.host for g in self.gpus})
@@ -211,14 +275,36 @@ class DeploymentSim:
             self.spans.close()
 
 
-def _copy(a: Activity) -> Activity:
-    return Activity(**vars(a))
+def _declaration(s: SimDeployment, hosts: list[str]) -> dict[str, Any]:
+    """What an operator would declare: layout, roles, nodes and the fabric between them."""
+    out: dict[str, Any] = {
+        "name": s.name,
+        "model": s.model,
+        "gpu_type": s.gpu,
+        "engine": "vllm",
+        "tp": s.tp,
+        "pp": s.pp,
+        "dp": s.dp,
+        "nodes": hosts,
+        "fabric": s.fabric if s.per_engine > s.gpus_per_node else "nvlink4",
+        "targets": [f"{s.name}/vllm", *[f"{h}/dcgm" for h in hosts]],
+    }
+    if s.ep > 1:
+        out["ep"] = s.ep
+    if s.prefill:
+        out["roles"] = {"prefill": s.prefill, "decode": s.dp}
+        out["fabric"] = s.kv_fabric or s.fabric
+    return out
 
 
 def _hf_name(model: str) -> str:
     names = {
         "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
         "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+        "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+        "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+        "mixtral-8x7b": "mistralai/Mixtral-8x7B-Instruct-v0.1",
+        "deepseek-v3": "deepseek-ai/DeepSeek-V3",
     }
     return names.get(model, model)
 
@@ -297,21 +383,7 @@ class Simulation:
 
     def deployment_specs(self) -> list[dict[str, Any]]:
         """Declarations of the simulated deployments for the sidecar config."""
-        return [
-            {
-                "name": d.spec.name,
-                "model": d.spec.model,
-                "gpu_type": d.spec.gpu,
-                "engine": "vllm",
-                "tp": d.spec.tp,
-                "pp": d.spec.pp,
-                "dp": d.spec.dp,
-                "nodes": d.hosts(),
-                "fabric": d.spec.fabric if d.spec.tp > d.spec.gpus_per_node else "nvlink4",
-                "targets": [f"{d.spec.name}/vllm", *[f"{h}/dcgm" for h in d.hosts()]],
-            }
-            for d in self.deployments
-        ]
+        return [_declaration(d.spec, d.hosts()) for d in self.deployments]
 
     def body(self, path: str) -> tuple[int, bytes, float]:
         """(status, body, seconds to hang first) for a request path."""

@@ -82,6 +82,8 @@ PHASE_BUCKETS = (
     1920.0,
     7680.0,
 )
+NIXL_TIME_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+NIXL_BYTES_BUCKETS = tuple(float(2**k) for k in range(20, 36, 2))  # 1 MiB … 16 GiB
 LABELS = ["engine", "model_name"]
 
 
@@ -148,6 +150,17 @@ class VllmRegistry:
         self.generation_tokens = Counter(
             "vllm:generation_tokens", "Number of generation tokens processed.", LABELS, registry=r
         )
+        # NIXL KV connector (disaggregated prefill/decode), on the engine that receives the KV
+        self.nixl_time = hist(
+            "nixl_xfer_time_seconds",
+            "Histogram of transfer duration for NIXL KV Cache transfers.",
+            NIXL_TIME_BUCKETS,
+        )
+        self.nixl_bytes = hist(
+            "nixl_bytes_transferred",
+            "Histogram of bytes transferred per NIXL KV Cache transfers.",
+            NIXL_BYTES_BUCKETS,
+        )
         self.success = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -155,8 +168,10 @@ class VllmRegistry:
             registry=r,
         )
 
-    def observer(self, engine: int, on_finish: Callable[[Finished], None]) -> EngineMetrics:
-        return EngineMetrics(self, str(engine), on_finish)
+    def observer(
+        self, engine: int, on_finish: Callable[[Finished], None], receives_kv: bool = False
+    ) -> EngineMetrics:
+        return EngineMetrics(self, str(engine), on_finish, receives_kv)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -165,11 +180,24 @@ class VllmRegistry:
 class EngineMetrics:
     """The observer one simulated engine reports to (see :class:`simulate.engine.EngineObserver`)."""
 
-    def __init__(self, reg: VllmRegistry, engine: str, on_finish: Callable[[Finished], None]):
+    def __init__(
+        self, reg: VllmRegistry, engine: str, on_finish: Callable[[Finished], None], receives_kv: bool = False
+    ):
         self.reg = reg
         self.labels = (engine, reg.model_name)
         self.on_finish = on_finish
-        hists = (reg.ttft, reg.itl, reg.tpot, reg.e2e, reg.queue, reg.inference, reg.prefill, reg.decode)
+        hists: tuple[Histogram, ...] = (
+            reg.ttft,
+            reg.itl,
+            reg.tpot,
+            reg.e2e,
+            reg.queue,
+            reg.inference,
+            reg.prefill,
+            reg.decode,
+        )
+        if receives_kv:
+            hists += (reg.nixl_time, reg.nixl_bytes)
         for metric in (*hists, reg.running, reg.waiting, reg.kv_usage, reg.preemptions, reg.prompt_tokens,
                        reg.generation_tokens):  # fmt: skip
             metric.labels(*self.labels)  # every series exists at 0 from start-up, as in vLLM
@@ -187,7 +215,13 @@ class EngineMetrics:
 
     def first_token(self, req: Request, now: float) -> None:
         self.reg.ttft.labels(*self.labels).observe(now - req.arrival_s)
-        self.reg.generation_tokens.labels(*self.labels).inc()
+        if not req.remote_kv:  # a remote-KV request's first token was counted by its decode step
+            self.reg.generation_tokens.labels(*self.labels).inc()
+
+    def kv_transfer(self, seconds: float, nbytes: float) -> None:
+        """One NIXL transfer of a prompt's KV into this engine."""
+        self.reg.nixl_time.labels(*self.labels).observe(seconds)
+        self.reg.nixl_bytes.labels(*self.labels).observe(nbytes)
 
     def preempted(self) -> None:
         self.reg.preemptions.labels(*self.labels).inc()

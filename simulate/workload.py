@@ -45,6 +45,8 @@ class Arrival:
     t_s: float
     isl: int
     osl: int
+    origin_s: float = -1.0  # when the request reached the front door (P/D: before its prefill)
+    kv_ready: bool = False  # its prompt's KV was sent from a prefill engine
 
 
 def load_trace(name_or_path: str) -> list[Arrival]:

@@ -46,7 +46,12 @@ def test_zone_evidence_is_the_signal_behind_the_wall(demo_run) -> None:
         d["deployment"]["name"]: {(e["zone"], e["signal"]): e for e in d["envelope"]["evidence"]}
         for d in report["deployments"]
     }
-    assert ev["code-70b"][("compute", "tensor_active_ratio")]["verdict"] == "pass"
+    # tensor activity is each step's FLOPs over the tensor peak (simulate/activity.py): MFU 0.65 of
+    # the kernel time, and the healthy ranks wait ~⅕ of every step for the throttled GPU 2 plus ~⅐ in
+    # all-reduces, so the mean over the four GPUs sits just under 0.5: "near", with SM activity passing
+    tensor = ev["code-70b"][("compute", "tensor_active_ratio")]
+    assert tensor["verdict"] in ("pass", "near") and tensor["value"] >= 0.4
+    assert ev["code-70b"][("compute", "sm_active_ratio")]["verdict"] == "pass"
     assert ev["chat-8b"][("hbm_bandwidth", "dram_active_ratio")]["value"] >= 0.5
     assert ev["longctx-70b"][("kv_capacity", "kv_usage_ratio")]["value"] >= 0.9
     assert ev["longctx-70b"][("kv_capacity", "preemptions_per_s")]["value"] > 0
