@@ -90,8 +90,16 @@ import polars as pl
 
 from analyzer.critical_path import CriticalPath, critical_path
 from analyzer.crossover import collective_evidence, load_bins, network_signals
-from analyzer.deployments import ENGINE_KEY_SQL, Deployment
-from analyzer.latency import HISTOGRAMS, NS, counter_increases, window_means, window_quantiles
+from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
+from analyzer.latency import (
+    HISTOGRAMS,
+    NS,
+    counter_increases,
+    rollup_for,
+    table_sql,
+    window_means,
+    window_quantiles,
+)
 from analyzer.thresholds import Thresholds
 
 ZONES = ("compute", "hbm_bandwidth", "kv_capacity", "network")
@@ -263,14 +271,14 @@ def _fabric_means(
         return {}
     try:
         rows = con.execute(
-            """SELECT host, device, port,
+            f"""SELECT host, device, port,
                       avg(rate_per_s) FILTER (WHERE metric = 'tx_bytes') AS tx,
                       max(value) FILTER (WHERE metric = 'link_rate_bytes_per_s') AS link,
                       avg(rate_per_s) FILTER (WHERE metric = 'tx_wait') AS wait,
                       avg(rate_per_s) FILTER (WHERE metric = 'tx_discards') AS discards
-               FROM fabric_samples WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, host)
+               FROM fabric_samples WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, host)
                GROUP BY ALL""",
-            [start_ns, end_ns, list(dep.nodes)],
+            [start_ns, end_ns, texts(dep.nodes)],
         ).fetchall()
     except duckdb.CatalogException:
         return {}
@@ -330,12 +338,14 @@ def _gpu_means(
 ) -> dict[str, float]:
     if not dep.gpu_uuids:
         return {}
+    gpu = table_sql("gpu_samples", rollup_for(con, start_ns, end_ns))  # latency rule 6 for long windows
     rows = con.execute(
-        """SELECT metric, avg(v), max(v) FROM (
-               SELECT uuid, metric, avg(value) AS v FROM gpu_samples
-               WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, uuid) AND list_contains(?, metric)
+        f"""SELECT metric, avg(v), max(v) FROM (
+               SELECT uuid, metric, avg(value) AS v FROM {gpu}
+               WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, uuid)
+                 AND list_contains({TEXTS}, metric)
                GROUP BY ALL) GROUP BY metric""",
-        [start_ns, end_ns, list(dep.gpu_uuids), list(GPU_METRICS)],
+        [start_ns, end_ns, texts(dep.gpu_uuids), texts(GPU_METRICS)],
     ).fetchall()
     out: dict[str, float] = {}
     for metric, mean, top in rows:
@@ -347,12 +357,13 @@ def _gpu_means(
 def _engine_window(
     con: duckdb.DuckDBPyConnection, keys: list[str], start_ns: int, end_ns: int, th: Thresholds
 ) -> dict[str, float]:
+    gauges = table_sql("engine_gauges", rollup_for(con, start_ns, end_ns))  # latency rule 6
     rows = con.execute(
         f"""SELECT concept, sum(v), max(v), count(*) FROM (
-               SELECT {ENGINE_KEY_SQL} AS k, concept, avg(value) AS v FROM engine_samples
-               WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, concept)
-                 AND list_contains(?, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY concept""",
-        [start_ns, end_ns, list(GAUGES), keys],
+               SELECT {ENGINE_KEY_SQL} AS k, concept, avg(value) AS v FROM {gauges}
+               WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, concept)
+                 AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY concept""",
+        [start_ns, end_ns, texts(GAUGES), texts(keys)],
     ).fetchall()
     out: dict[str, float] = {}
     for concept, total, top, n in rows:
