@@ -52,8 +52,8 @@ import polars as pl
 
 from analyzer import catalog
 from analyzer.critical_path import RANK_SHARE_SQL, rank_share_params
-from analyzer.deployments import ENGINE_KEY_SQL, Deployment
-from analyzer.latency import NS, binned_quantiles, counter_increases, table_sql
+from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
+from analyzer.latency import NS, binned_quantiles, counter_increases, rollup_for, table_sql
 from analyzer.thresholds import Thresholds
 
 DRAM_PRACTICAL_CEILING = 0.8  # REFERENCE §1
@@ -173,13 +173,15 @@ def load_bins(
     end_ns: int,
     th: Thresholds,
     *,
-    rollup: bool = False,
+    rollup: bool | None = None,
 ) -> pl.DataFrame:
     """Per-bin ``[bin, running, kv, tokens_per_s, itl_p50_s, itl_p99_s, sm, dram]`` for rule 6 (a)-(c)
     and the envelope's ramp test (``kv``: mean KV usage over engines).
 
-    ``rollup`` reads the per-minute ``*_1m`` tables (``bin_s`` should then be a multiple of 60).
+    ``rollup`` reads the per-minute ``*_1m`` tables (``bin_s`` should then be a multiple of 60);
+    ``None`` chooses by the window's length (:func:`analyzer.latency.rollup_for`).
     """
+    rollup = rollup_for(con, start_ns, end_ns, th.bin_s) if rollup is None else rollup
 
     bin_ns = int(th.bin_s * NS)
     keys = list(dep.engine_keys)
@@ -190,8 +192,8 @@ def load_bins(
                       avg(value) AS v
                FROM {table_sql("engine_gauges", rollup)} WHERE ts_ns > ? AND ts_ns <= ?
                  AND concept IN ('requests_running', 'kv_usage_ratio')
-                 AND list_contains(?, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY b""",
-        [start_ns, bin_ns, start_ns, end_ns, keys],
+                 AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY b""",
+        [start_ns, bin_ns, start_ns, end_ns, texts(keys)],
     ).pl()
     tok = counter_increases(
         con,
@@ -219,9 +221,10 @@ def _gpu_bins(
         f"""SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin,
                   avg(value) FILTER (WHERE metric = 'sm_active_ratio') AS sm,
                   avg(value) FILTER (WHERE metric = 'dram_active_ratio') AS dram
-           FROM {table_sql("gpu_samples", rollup)} WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, uuid)
+           FROM {table_sql("gpu_samples", rollup)} WHERE ts_ns > ? AND ts_ns <= ?
+             AND list_contains({TEXTS}, uuid)
              AND metric IN ('sm_active_ratio', 'dram_active_ratio') GROUP BY bin""",
-        [start_ns, bin_ns, start_ns, end_ns, list(dep.gpu_uuids)],
+        [start_ns, bin_ns, start_ns, end_ns, texts(dep.gpu_uuids)],
     ).pl()
     return got.cast({"bin": pl.Int64, "sm": pl.Float64, "dram": pl.Float64})
 

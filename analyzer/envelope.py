@@ -27,7 +27,11 @@ The rule (``th`` = the Thresholds in force; every number below is a field there)
  5. kv_capacity: KV usage ≥ ``kv_usage_min_ratio``; preemptions/s > ``kv_preemptions_min_per_s``;
     waiting/running ≥ ``kv_waiting_min_ratio``; queue share of TTFT ≥ ``kv_queue_share_min_ratio``.
     The two queueing checks count for KV only under KV pressure (usage within ``near_fraction``
-    of its threshold, or preemptions): queueing alone is the symptom of whichever wall binds.
+    of its threshold, preemptions, or a pool without room for another sequence): queueing alone
+    is the symptom of whichever wall binds. Room is reported as ``kv_free_sequences``: per engine,
+    running × (1/usage − 1), the average running sequences the free blocks still hold (vLLM admits
+    a waiting request only when its blocks can be allocated); below ``kv_free_sequences_max``
+    while requests wait, the pool has no room for the next request.
  6. network is judged only when the network is in the critical path (:mod:`analyzer.critical_path`:
     a TP/PP/EP group or a prefill→decode KV transfer that crosses nodes). Otherwise collective
     time is reported as fabric overhead (``info``) and the zone is unjudged. When it is judged:
@@ -56,7 +60,9 @@ The rule (``th`` = the Thresholds in force; every number below is a field there)
     (1 − ``net_change_weight``) × level score + ``net_change_weight`` × change score when change
     checks were judged. A zone with fewer than ``zone_min_checks`` judged checks has no score.
  8. primary: KV capacity when it scores ≥ ``zone_min_score`` with KV pressure (usage at its
-    threshold, or near it while the engine preempts) and requests turned away (preemptions,
+    threshold, or near it while the engine preempts, has no room for another sequence (rule 5) or
+    holds at least 2 × ``kv_waiting_min_ratio`` waiting per running request) and requests turned
+    away (preemptions,
     waiting, queue share): a full KV pool binds admission whatever the GPUs do; else the best score ≥
     ``zone_min_score``. Scores within ``zone_tie_margin`` of the best are a near-tie: ``ambiguous``
     lists them and the label says "ambiguous: X or Y"; the primary among them is the one whose
@@ -84,8 +90,16 @@ import polars as pl
 
 from analyzer.critical_path import CriticalPath, critical_path
 from analyzer.crossover import collective_evidence, load_bins, network_signals
-from analyzer.deployments import ENGINE_KEY_SQL, Deployment
-from analyzer.latency import HISTOGRAMS, NS, counter_increases, window_means, window_quantiles
+from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
+from analyzer.latency import (
+    HISTOGRAMS,
+    NS,
+    counter_increases,
+    rollup_for,
+    table_sql,
+    window_means,
+    window_quantiles,
+)
 from analyzer.thresholds import Thresholds
 
 ZONES = ("compute", "hbm_bandwidth", "kv_capacity", "network")
@@ -257,14 +271,14 @@ def _fabric_means(
         return {}
     try:
         rows = con.execute(
-            """SELECT host, device, port,
+            f"""SELECT host, device, port,
                       avg(rate_per_s) FILTER (WHERE metric = 'tx_bytes') AS tx,
                       max(value) FILTER (WHERE metric = 'link_rate_bytes_per_s') AS link,
                       avg(rate_per_s) FILTER (WHERE metric = 'tx_wait') AS wait,
                       avg(rate_per_s) FILTER (WHERE metric = 'tx_discards') AS discards
-               FROM fabric_samples WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, host)
+               FROM fabric_samples WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, host)
                GROUP BY ALL""",
-            [start_ns, end_ns, list(dep.nodes)],
+            [start_ns, end_ns, texts(dep.nodes)],
         ).fetchall()
     except duckdb.CatalogException:
         return {}
@@ -324,12 +338,14 @@ def _gpu_means(
 ) -> dict[str, float]:
     if not dep.gpu_uuids:
         return {}
+    gpu = table_sql("gpu_samples", rollup_for(con, start_ns, end_ns))  # latency rule 6 for long windows
     rows = con.execute(
-        """SELECT metric, avg(v), max(v) FROM (
-               SELECT uuid, metric, avg(value) AS v FROM gpu_samples
-               WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, uuid) AND list_contains(?, metric)
+        f"""SELECT metric, avg(v), max(v) FROM (
+               SELECT uuid, metric, avg(value) AS v FROM {gpu}
+               WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, uuid)
+                 AND list_contains({TEXTS}, metric)
                GROUP BY ALL) GROUP BY metric""",
-        [start_ns, end_ns, list(dep.gpu_uuids), list(GPU_METRICS)],
+        [start_ns, end_ns, texts(dep.gpu_uuids), texts(GPU_METRICS)],
     ).fetchall()
     out: dict[str, float] = {}
     for metric, mean, top in rows:
@@ -341,18 +357,21 @@ def _gpu_means(
 def _engine_window(
     con: duckdb.DuckDBPyConnection, keys: list[str], start_ns: int, end_ns: int, th: Thresholds
 ) -> dict[str, float]:
+    gauges = table_sql("engine_gauges", rollup_for(con, start_ns, end_ns))  # latency rule 6
     rows = con.execute(
         f"""SELECT concept, sum(v), max(v), count(*) FROM (
-               SELECT {ENGINE_KEY_SQL} AS k, concept, avg(value) AS v FROM engine_samples
-               WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, concept)
-                 AND list_contains(?, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY concept""",
-        [start_ns, end_ns, list(GAUGES), keys],
+               SELECT {ENGINE_KEY_SQL} AS k, concept, avg(value) AS v FROM {gauges}
+               WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, concept)
+                 AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY concept""",
+        [start_ns, end_ns, texts(GAUGES), texts(keys)],
     ).fetchall()
     out: dict[str, float] = {}
     for concept, total, top, n in rows:
         # running/waiting add up over engines; KV usage is a per-engine ratio: mean and max.
         out[str(concept)] = float(total) / n if concept == "kv_usage_ratio" else float(total)
         out[f"{concept}_max"] = float(top)
+        if concept == "requests_running":
+            out["engines_reporting"] = float(n)
     seconds = (end_ns - start_ns) / NS
     inc = counter_increases(con, start_ns, end_ns, COUNTERS, keys=keys, lookback_s=th.counter_lookback_s)
     for concept, increase in zip(inc["concept"].to_list(), inc["increase"].to_list(), strict=True):
@@ -566,15 +585,38 @@ def queueing(sig: Signals, th: Thresholds) -> list[str]:
     return out
 
 
-def _kv_binding(c: _Checks) -> bool:
+def kv_free_sequences(engine: dict[str, float]) -> float | None:
+    """Rule 5's room: average running sequences per engine that fit in the free KV pool."""
+    usage, running = engine.get("kv_usage_ratio"), engine.get("requests_running")
+    if not usage or running is None:
+        return None
+    per_engine = running / max(engine.get("engines_reporting", 1.0), 1.0)
+    return per_engine * (1.0 / min(usage, 1.0) - 1.0)
+
+
+def _kv_no_room(engine: dict[str, float], th: Thresholds) -> bool:
+    """Rule 5: requests wait and the free pool holds less than one more running-size sequence."""
+    free = kv_free_sequences(engine)
+    waiting = engine.get("requests_waiting") or 0.0
+    return free is not None and free < th.kv_free_sequences_max and waiting > 0
+
+
+def _kv_binding(c: _Checks, sig: Signals) -> bool:
     usage, pre = c.value("kv_capacity", "kv_usage_ratio"), c.value("kv_capacity", "preemptions_per_s")
     waiting = c.value("kv_capacity", "waiting_over_running")
     share = c.value("kv_capacity", "queue_share_of_ttft")
     # the pool is full, or within near_fraction of full while the engine preempts (it preempts only
-    # when it cannot allocate a block)
+    # when it cannot allocate a block), has no room for another sequence of the running size, or
+    # holds more requests waiting than running (an engine admits until its KV blocks or its
+    # sequence cap run out; with the pool nearly full it is the blocks)
     full = usage is not None and usage.verdict == "pass"
     preempting = pre is not None and pre.verdict == "pass"
-    pressure = full or (usage is not None and usage.verdict == "near" and preempting)
+    no_room = _kv_no_room(sig.engine, c.th)
+    backlog = (
+        waiting is not None and waiting.value is not None and waiting.value >= 2 * c.th.kv_waiting_min_ratio
+    )
+    near = usage is not None and usage.verdict == "near"
+    pressure = full or (near and (preempting or no_room or backlog))
     turned_away = any(e is not None and e.verdict == "pass" for e in (pre, waiting, share))
     return pressure and turned_away
 
@@ -590,7 +632,7 @@ def _pick(scores: dict[str, float | None], c: _Checks, sig: Signals, th: Thresho
         contenders.sort(key=lambda z: (-(judged[z] or 0.0), -_past_threshold(z, c), ZONES.index(z)))
         notes: list[str] = []
         primary = contenders[0]
-        if (judged.get("kv_capacity") or 0.0) >= th.zone_min_score and _kv_binding(c):
+        if (judged.get("kv_capacity") or 0.0) >= th.zone_min_score and _kv_binding(c, sig):
             if primary != "kv_capacity":
                 notes.append(
                     f"kv_capacity over {primary}: the KV pool is full and turns requests away, "
@@ -769,8 +811,21 @@ def _kv_checks(c: _Checks, sig: Signals) -> None:
         source="engine preemptions_total rate",
     )
     usage, pre = e.get("kv_usage_ratio"), e.get("preemptions_per_s")
-    pressure = (usage is not None and usage >= th.kv_usage_min_ratio * th.near_fraction) or (
-        pre is not None and pre > th.kv_preemptions_min_per_s
+    free, no_room = kv_free_sequences(e), _kv_no_room(e, th)
+    c.info(
+        "kv_capacity",
+        "kv_free_sequences",
+        free,
+        "sequences",
+        "engine requests_running per engine × (1/kv_usage − 1)",
+        note=f"< {th.kv_free_sequences_max:g} with requests waiting: no room for the next request"
+        if no_room
+        else "",
+    )
+    pressure = (
+        (usage is not None and usage >= th.kv_usage_min_ratio * th.near_fraction)
+        or (pre is not None and pre > th.kv_preemptions_min_per_s)
+        or no_room
     )
     gate = (
         None

@@ -49,8 +49,8 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from analyzer.deployments import Deployment
-from analyzer.latency import NS, binned_quantiles, window_quantiles
+from analyzer.deployments import TEXTS, Deployment, has_points, texts
+from analyzer.latency import HISTOGRAMS, NS, binned_quantiles, window_quantiles
 from analyzer.regression_axes import AXES, UNITS, Parts, axis_parts, choose_sources
 from analyzer.thresholds import Thresholds
 
@@ -92,9 +92,14 @@ def baseline_window(start_ns: int, end_ns: int, kind: str, th: Thresholds | None
 def history_start(con: duckdb.DuckDBPyConnection, dep: Deployment) -> int | None:
     """The first engine sample time of the deployment's sources (rule 2), or None when none."""
     sources = sorted({k.split("|", 1)[0] for k in dep.engine_keys})
-    row = con.execute(  # by source, not by the composed key: one plain column filter over all history
-        "SELECT min(ts_ns) FROM engine_samples WHERE list_contains(?, source)", [sources]
-    ).fetchone()
+    where = f"list_contains({TEXTS}, source)"  # by source, not by the composed key: one plain column filter
+    sql = f"SELECT min(ts_ns) FROM engine_samples WHERE {where}"
+    if has_points(con, "engine_samples"):  # the series' points alone, not every point joined to its series
+        sql = (
+            "SELECT min(ts_ns) FROM engine_samples_points WHERE series_id IN "
+            f"(SELECT series_id FROM engine_samples_series WHERE {where})"
+        )
+    row = con.execute(sql, [texts(sources)]).fetchone()
     return int(row[0]) if row and row[0] is not None else None
 
 
@@ -154,7 +159,8 @@ def p99_regression(
     keys = list(dep.engine_keys)
     mode, (b0, b1), reason = pick_baseline(history_start(con, dep), start_ns, end_ns, th)
     out = Regression(dep.name, th.regression_baseline, (b0, b1), mode, reason)
-    now = window_quantiles(con, start_ns, end_ns, keys=keys, concepts=METRICS, qs=(0.99,))
+    # every histogram, as the envelope reads this window: inside one report it is read once (latency rule 8)
+    now = window_quantiles(con, start_ns, end_ns, keys=keys, concepts=HISTOGRAMS, qs=(0.99,))
     base = window_quantiles(con, b0, b1, keys=keys, concepts=METRICS, qs=(0.99,))
     span0 = start_ns - (end_ns - start_ns)
     for m in METRICS:

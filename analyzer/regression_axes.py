@@ -42,8 +42,8 @@ import numpy as np
 import polars as pl
 
 from analyzer.collectives import rank_waits
-from analyzer.deployments import ENGINE_KEY_SQL, Deployment
-from analyzer.latency import NS, counter_increases
+from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
+from analyzer.latency import NS, counter_increases, rollup_for, table_sql
 from analyzer.planner import span_filter
 
 AXES = ("load", "context_length", "kv_pressure", "fabric_bytes", "clocks", "straggler_share")
@@ -218,25 +218,28 @@ def _gauges(
 ) -> dict[str, Parts]:
     """``kv_pressure`` (engine samples), ``fabric_bytes`` and ``clocks`` (GPU samples)."""
     out: dict[str, Parts] = {}
+    rollup = rollup_for(con, lo, hi, bin_ns / NS)  # latency rule 6: long spans read the minute means
+    gauges = table_sql("engine_gauges", rollup)
     kv = con.execute(
-        f"""SELECT (ts_ns - ? - 1) // ? AS b, sum(value), count(value) FROM engine_samples
+        f"""SELECT (ts_ns - ? - 1) // ? AS b, sum(value), count(value) FROM {gauges}
             WHERE ts_ns > ? AND ts_ns <= ? AND concept = 'kv_usage_ratio'
-              AND list_contains(?, {ENGINE_KEY_SQL}) GROUP BY b""",
-        [lo, bin_ns, lo, hi, list(dep.engine_keys)],
+              AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY b""",
+        [lo, bin_ns, lo, hi, texts(dep.engine_keys)],
     ).fetchall()
     num, den = _dense(kv, n)
     if den.sum() > 0:
         out["kv_pressure"] = Parts(num, den, "kv_usage_ratio")
     gpu = con.execute(
-        """SELECT (ts_ns - ? - 1) // ? AS b,
+        f"""SELECT (ts_ns - ? - 1) // ? AS b,
                   sum(value) FILTER (WHERE (metric LIKE 'nvlink_%' OR metric LIKE 'pcie_%')
                                      AND metric LIKE '%_bytes_per_s'),
                   count(DISTINCT ts_ns) FILTER (WHERE (metric LIKE 'nvlink_%' OR metric LIKE 'pcie_%')
                                                 AND metric LIKE '%_bytes_per_s'),
                   sum(value) FILTER (WHERE metric = 'sm_clock_mhz'),
                   count(value) FILTER (WHERE metric = 'sm_clock_mhz')
-           FROM gpu_samples WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, uuid) GROUP BY b""",
-        [lo, bin_ns, lo, hi, list(dep.gpu_uuids)],
+           FROM {table_sql("gpu_samples", rollup)} WHERE ts_ns > ? AND ts_ns <= ?
+             AND list_contains({TEXTS}, uuid) GROUP BY b""",
+        [lo, bin_ns, lo, hi, texts(dep.gpu_uuids)],
     ).fetchall()
     for axis, i, source in (("fabric_bytes", 1, "nvlink+pcie bytes/s"), ("clocks", 3, "sm_clock_mhz")):
         num, den = _dense([(r[0], r[i] or 0.0, r[i + 1] or 0.0) for r in gpu], n)

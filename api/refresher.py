@@ -1,16 +1,21 @@
 """Verdicts precomputed on a schedule, so the default window never waits on an analysis.
 
 Rules:
-  1. Every ``interval_s`` (measured from the end of the previous cycle, so the thread never
-     takes more than its share of a core however many deployments there are) one background
-     thread asks ``jobs()`` for the work of this cycle — the default window's end and one
-     ``(key, render)`` pair per deployment and route — and runs every ``render()``, keeping its
-     serialized body and its analysis as a :class:`Snapshot`.
+  1. One background thread asks ``jobs()`` for the work of a cycle — the default window's end
+     and one ``(key, render)`` pair per deployment and route — and runs every ``render()``,
+     keeping its serialized body and its analysis as a :class:`Snapshot`. Between cycles it
+     waits :meth:`Refresher.pause_s`: ``interval_s`` from the end of the previous cycle, or
+     longer when that cycle took more than ``max_share`` of cycle plus wait —
+     ``last_cycle_s × (1 − max_share) / max_share`` — so the thread is busy at most
+     ``max_share`` of the wall clock (default 0.1: a tenth of a core for its own thread) however
+     many deployments and GPUs there are; a slow cycle spaces the next ones out instead of
+     running back to back (a 6 s cycle is followed by 54 s of rest, not 15 s).
   2. A render that raises is logged with its key and error and skipped: the other keys still
      refresh, and the key's previous snapshot ages out under rule 3 (the route then computes
      it on request and reports the error as it would without a refresher).
-  3. A snapshot is served while its age is at most ``max_age_s`` (default 4 × ``interval_s``);
-     older ones are as good as absent (the refresher is stuck or the analysis keeps failing).
+  3. A snapshot is served while its age is at most ``max_age_s`` (default 4 × ``interval_s``,
+     4 × the pause when rule 1 has lengthened it); older ones are as good as absent (the
+     refresher is stuck or the analysis keeps failing).
   4. A served snapshot states its age: ``Age`` (whole seconds since it was computed) and
      ``Cache-Control: max-age=<interval_s>`` headers, and the body's own ``computed_at_s``.
   5. The thread runs between :meth:`Refresher.start` and :meth:`Refresher.stop` (the app's
@@ -60,12 +65,16 @@ class Refresher:
         interval_s: float,
         max_age_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_share: float = 0.1,
     ):
         if interval_s <= 0:
             raise ValueError(f"refresh interval must be positive seconds, got {interval_s!r}")
+        if not 0 < max_share <= 1:
+            raise ValueError(f"refresher share must be in (0, 1], got {max_share!r}")
         self.jobs = jobs
         self.interval_s = interval_s
-        self.max_age_s = 4 * interval_s if max_age_s is None else max_age_s
+        self.max_share = max_share
+        self._max_age_s = max_age_s
         self.clock = clock
         self.cycles = 0
         self.failures = 0
@@ -92,6 +101,17 @@ class Refresher:
             self._snaps[key] = Snapshot(body, value, cycle.end_ns, time.time(), self.clock())
         self.cycles += 1
         self.last_cycle_s = self.clock() - t0
+
+    def pause_s(self) -> float:
+        """Rule 1: the wait after the last cycle."""
+        return max(self.interval_s, self.last_cycle_s * (1 - self.max_share) / self.max_share)
+
+    @property
+    def max_age_s(self) -> float:
+        """Rule 3: how old a snapshot may be and still be served."""
+        if self._max_age_s is not None:
+            return self._max_age_s
+        return 4 * self.pause_s()
 
     def get(self, key: Hashable) -> Snapshot | None:
         """Rule 3: the key's snapshot while it is young enough, else ``None``."""
@@ -134,4 +154,4 @@ class Refresher:
             except Exception as exc:  # jobs() itself failed (store unreadable): retry next cycle
                 self.failures += 1
                 log.warning("refresh cycle failed: %s", exc)
-            self._stop.wait(self.interval_s)
+            self._stop.wait(self.pause_s())

@@ -42,71 +42,80 @@ def _cdf(le: float, med: np.ndarray, tail: np.ndarray) -> np.ndarray:
     return np.asarray(0.5 * (1 + erf(np.log(le / med) / (sigma * math.sqrt(2)))))
 
 
-def generate(path: Path, hours: float) -> dict[str, int]:
-    """Write ``hours`` of 1 Hz telemetry (8 GPUs, 2 engines) into ``path``; rows per table."""
+def generate(
+    path: Path, hours: float, *, gpus: int = 8, engines: int = 2, chunk_s: int = 3600, maintain_s: int = 0
+) -> dict[str, int]:
+    """Write ``hours`` of 1 Hz telemetry (``gpus`` GPUs, 8 a node, and ``engines`` engines of one
+    declared deployment) into ``path``; rows per table.
+
+    Rows are made and written ``chunk_s`` at a time in time order (counters carried across
+    chunks), so a week fits in memory. ``maintain_s`` > 0 runs the store's maintenance (rollups,
+    default retention: raw rows kept 2 days) every ``maintain_s`` of data time, as a sidecar
+    would; 0 runs it once at the end."""
     p, n = PROFILES["network"], int(hours * 3600)
-    ts = T0 + np.arange(1, n + 1, dtype=np.int64) * NS
-    x = 0.5 - 0.5 * np.cos(np.arange(n) / 86400 * 2 * math.pi)  # one load cycle per day
     counts: dict[str, int] = {}
+    carry: dict[str, float] = {}
     with Store(path) as st:
         from gen_telemetry import Layout, _deployment
 
-        counts["deployments"] = st.write("deployments", _deployment(Layout(), p))
-        eng, hist = _engine(p, ts, x)
-        for table, parts in (
-            ("gpu_samples", list(_gpu(p, ts, x))),
-            ("engine_samples", eng),
-            ("histogram_buckets", hist),
-        ):
-            counts[table] = _write_in_time_order(st, table, parts)
-        st.maintain(now_ns=int(ts[-1]) + 60 * NS)  # the sidecar keeps the per-minute rollups
+        hosts = tuple(_host(g) for g in range(0, gpus, 8))
+        counts["deployments"] = st.write(
+            "deployments", _deployment(Layout(engines=engines, gpus=gpus, hosts=hosts), p)
+        )
+        for a in range(0, n, chunk_s):
+            idx = np.arange(a, min(a + chunk_s, n))
+            ts = T0 + (idx + 1).astype(np.int64) * NS
+            x = 0.5 - 0.5 * np.cos(idx / 86400 * 2 * math.pi)  # one load cycle per day
+            eng, hist = _engine(p, ts, x, engines, carry)
+            for table, parts in (
+                ("gpu_samples", list(_gpu(p, ts, x, gpus))),
+                ("engine_samples", eng),
+                ("histogram_buckets", hist),
+            ):
+                counts[table] = counts.get(table, 0) + _write_in_time_order(st, table, parts)
+            end = int(ts[-1])
+            if maintain_s and (end - T0) // NS % maintain_s < chunk_s:
+                st.maintain(now_ns=end + 60 * NS)
+                st.checkpoint()
+        st.maintain(now_ns=T0 + (n + 60) * NS)  # the sidecar keeps the per-minute rollups
         st.checkpoint()
     return counts
 
 
+def _host(g: int) -> str:
+    return "node-a" if g < 8 else f"node-{g // 8:03d}"
+
+
 def _write_in_time_order(st: Store, table: str, parts: list[pl.DataFrame]) -> int:
     """Write as a sidecar does: one scrape after another (rows clustered by time)."""
-    whole = pl.concat(parts).sort("ts_ns")
+    whole = pl.concat(parts).sort("ts_ns", maintain_order=True)
     return sum(st.write(table, whole.slice(i, 1_000_000)) for i in range(0, whole.height, 1_000_000))
 
 
-def _gpu(p, ts, x):  # type: ignore[no-untyped-def]
+def _gpu(p, ts, x, gpus):  # type: ignore[no-untyped-def]
     series = {"sm_active_ratio": p.sm, "tensor_active_ratio": p.tensor, "dram_active_ratio": p.dram}
-    for g in range(8):
-        for metric, pair in series.items():
+    consts = {"sm_clock_mhz": 1980.0, "power_w": 450.0, "nvlink_tx_bytes_per_s": 2e10, "fb_used_bytes": 7e10}
+    values = {m: pair[0] + (pair[1] - pair[0]) * x for m, pair in series.items()}
+    values.update({m: np.full(len(ts), v) for m, v in consts.items()})
+    for g in range(gpus):
+        for metric, v in values.items():
             yield frame(
                 "gpu_samples",
                 {
                     "ts_ns": ts,
-                    "host": ["node-a"] * len(ts),
-                    "gpu": [g] * len(ts),
+                    "host": [_host(g)] * len(ts),
+                    "gpu": [g % 8] * len(ts),
                     "uuid": [f"GPU-llama70b-{g:02d}"] * len(ts),
                     "metric": [metric] * len(ts),
-                    "value": pair[0] + (pair[1] - pair[0]) * x,
-                    "source": ["dcgm"] * len(ts),
-                },
-            )
-        for metric, v in (
-            ("sm_clock_mhz", 1980.0),
-            ("power_w", 450.0),
-            ("nvlink_tx_bytes_per_s", 2e10),
-            ("fb_used_bytes", 7e10),
-        ):
-            yield frame(
-                "gpu_samples",
-                {
-                    "ts_ns": ts,
-                    "host": ["node-a"] * len(ts),
-                    "gpu": [g] * len(ts),
-                    "uuid": [f"GPU-llama70b-{g:02d}"] * len(ts),
-                    "metric": [metric] * len(ts),
-                    "value": np.full(len(ts), v),
+                    "value": v,
                     "source": ["dcgm"] * len(ts),
                 },
             )
 
 
-def _engine(p, ts, x):  # type: ignore[no-untyped-def]
+def _engine(p, ts, x, engines, carry):  # type: ignore[no-untyped-def]
+    """Engine samples and histogram buckets of ``engines`` alike engines; ``carry`` holds each
+    cumulative series' last (unrounded) value and is updated."""
     running = p.running_lo + (p.running_hi - p.running_lo) * x
     tok = p.tok_per_req_s * p.running_lo * (running / p.running_lo) ** p.tok_elasticity
     itl_med = p.itl_p50_s[0] + (p.itl_p50_s[1] - p.itl_p50_s[0]) * x
@@ -128,8 +137,22 @@ def _engine(p, ts, x):  # type: ignore[no-untyped-def]
         "queue_seconds_sum": tok / 200 * ttft * 0.1,
         "queue_seconds_count": tok / 200,
     }
+    totals = {}  # every engine reads alike: each cumulative series is computed once
+    for concept, r in counters.items():
+        totals[concept] = carry.get(concept, 0.0) + np.cumsum(r)
+        carry[concept] = float(totals[concept][-1])
+    buckets = []
+    for concept, les, rate, med, tl in (
+        ("itl_seconds", ITL_LE, tok, itl_med, tail),
+        ("ttft_seconds", TTFT_LE, tok / 200, ttft, 2.0 + 0 * x),
+    ):
+        for le in les:
+            key = f"{concept}:{le}"
+            raw = carry.get(key, 0.0) + np.cumsum(rate * _cdf(le, med, tl))
+            carry[key] = float(raw[-1])
+            buckets.append((concept, le, np.round(raw, 3)))
     eng, hist = [], []
-    for e in range(2):
+    for e in range(engines):
         ident = {
             "source": [f"llama70b-engine-{e}"] * len(ts),
             "engine": [str(e)] * len(ts),
@@ -147,29 +170,24 @@ def _engine(p, ts, x):  # type: ignore[no-untyped-def]
                         **ident,
                         "ts_ns": ts,
                         "concept": [concept] * len(ts),
-                        "value": np.cumsum(r),
+                        "value": totals[concept],
                         "rate_per_s": r,
                     },
                 )
             )
-        for concept, les, rate, med, tl in (
-            ("itl_seconds", ITL_LE, tok, itl_med, tail),
-            ("ttft_seconds", TTFT_LE, tok / 200, ttft, 2.0 + 0 * x),
-        ):
-            for le in les:
-                cum = np.round(np.cumsum(rate * _cdf(le, med, tl)), 3)
-                hist.append(
-                    frame(
-                        "histogram_buckets",
-                        {
-                            **ident,
-                            "ts_ns": ts,
-                            "concept": [concept] * len(ts),
-                            "le": [le] * len(ts),
-                            "cumulative_count": cum,
-                        },
-                    )
+        for concept, le, cum in buckets:
+            hist.append(
+                frame(
+                    "histogram_buckets",
+                    {
+                        **ident,
+                        "ts_ns": ts,
+                        "concept": [concept] * len(ts),
+                        "le": [le] * len(ts),
+                        "cumulative_count": cum,
+                    },
                 )
+            )
     return eng, hist
 
 

@@ -36,6 +36,11 @@ class Thresholds(BaseModel):
     kv_queue_share_min_ratio: float = Field(
         default=0.5, ge=0, le=1, description="queue time / TTFT at or above"
     )
+    # vLLM admits a waiting request only when its prompt's blocks can be allocated: with long
+    # contexts a pool 85 % used can hold no further sequence of the running ones' size
+    kv_free_sequences_max: float = Field(
+        default=1.0, ge=0, description="average running sequences that fit in the free KV pool, below"
+    )
     # -- network zone (REFERENCE §6 and the four signals of seed §16) -----------------------------
     net_collective_share_min_ratio: float = Field(
         default=0.25, ge=0, le=1, description="exposed collective time / wall time at or above"

@@ -266,3 +266,28 @@ def test_stale_body_is_answered_at_once_and_refreshed_in_the_background(store: S
     fresh, claim = app.state.cache.peek_stale(key)
     assert not app.state.tasks and not claim  # fresh again: nothing left to refresh
     assert fresh is not MISSING and fresh != first.content  # a new body (a new computed_at_s)
+
+
+def test_a_slow_cycle_spaces_the_next_ones_out() -> None:
+    """Rule 1: a cycle of 5 s (on the fake clock) is followed by 45 s of rest at the default share
+    of 0.1, so the thread is busy 5 of every 50 s; snapshots live 4 pauses (rule 3)."""
+    clock = Clock()
+
+    def slow() -> tuple[bytes, Any]:
+        clock.t += 5.0
+        return b"{}", {}
+
+    r = _refresher(clock, [(("envelope", "a"), slow)])
+    assert r.pause_s() == 15.0 and r.max_age_s == 60.0  # nothing measured yet: the interval
+    r.refresh_once()
+    assert r.last_cycle_s == 5.0
+    assert r.pause_s() == pytest.approx(45.0) and r.max_age_s == pytest.approx(180.0)
+    share = r.last_cycle_s / (r.last_cycle_s + r.pause_s())
+    assert share == pytest.approx(0.1)
+    clock.t += 179.0
+    assert r.get(("envelope", "a")) is not None  # still served while the next cycle is awaited
+    fast = Refresher(lambda: Cycle(END_NS, []), interval_s=15.0, clock=clock, max_share=0.5)
+    fast.refresh_once()
+    assert fast.pause_s() == 15.0  # a quick cycle keeps the interval
+    with pytest.raises(ValueError, match="share must be in"):
+        Refresher(lambda: Cycle(0), interval_s=1.0, max_share=0.0)

@@ -111,3 +111,51 @@ def test_deployment_listing_reads_the_series_not_the_store(store: Store) -> None
                 deployments.has_points = original
             assert got == wide
     assert deployments.list_deployments(store.con, 0)  # the fixture's deployment is listed
+
+
+# The statement every reader ran before the series layout (one ``lag`` partition per nine text
+# columns over the wide view), kept here as the reference both current paths must reproduce.
+_REFERENCE = """
+    WITH s AS (
+        SELECT concept, ts_ns, {le} value_col AS c,
+               lag(value_col) OVER (PARTITION BY source, engine, dp_rank, tp_rank, pp_rank, ep_rank,
+                                    labels, concept {le_key} ORDER BY ts_ns) AS prev
+        FROM {table} WHERE ts_ns > ? AND ts_ns <= ? AND list_contains(?, concept))
+    SELECT concept, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin, {le}
+           sum(CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END) AS {out}
+    FROM s WHERE ts_ns > ? GROUP BY ALL ORDER BY ALL"""
+
+
+@pytest.mark.parametrize("bin_s", [None, 30.0])
+def test_both_paths_equal_the_nine_column_reference(store: Store, bin_s: float | None) -> None:
+    """Old SQL against new: the reference statement above against the points path (integer series
+    ids) and the wide path (series numbered once), on counters with a reset and on histograms."""
+    start, end = START_NS - 60 * NS, END_NS
+    bin_ns = int(bin_s * NS) if bin_s else end - start
+    cases = (
+        (
+            "engine_samples",
+            "value",
+            "increase",
+            ["prompt_tokens", "ttft_seconds_count"],
+            latency.counter_increases,
+        ),
+        (
+            "histogram_buckets",
+            "cumulative_count",
+            "count",
+            list(latency.HISTOGRAMS),
+            latency.bucket_increases,
+        ),
+    )
+    for table, col, out, concepts, fn in cases:
+        le = "le," if table == "histogram_buckets" else ""
+        sql = _REFERENCE.format(le=le, le_key=", le" if le else "", table=table, out=out).replace(
+            "value_col", col
+        )
+        with store.cursor() as cur:
+            ref = cur.execute(sql, [start - 120 * NS, end, concepts, start, bin_ns, start]).pl()
+        kw = {"start_ns": start, "end_ns": end, "concepts": concepts, "bin_s": bin_s}
+        wide, points = _both(fn, store, **kw)
+        assert ref.height > 0
+        assert _same(ref, points) and _same(ref, wide)  # type: ignore[arg-type]
