@@ -53,19 +53,21 @@ class _Group(TyperGroup):
                 formatter.write_dl(rows)
 
 
-_app = typer.Typer(
-    name="ioe",
-    cls=_Group,
-    help="Inference Operating Envelope analyzer: which wall each LLM inference deployment is against.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    # plain help and usage errors: rendering them with rich imports rich and markdown-it, which
-    # took more than the rest of `ioe --help` together (bench/bench_startup.py)
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-_registered: set[str] = set()
+def _new_app() -> typer.Typer:
+    app = typer.Typer(
+        name="ioe",
+        cls=_Group,
+        help="Inference Operating Envelope analyzer: which wall each LLM inference deployment is against.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        # plain help and usage errors: rendering them with rich imports rich and markdown-it, which
+        # took more than the rest of `ioe --help` together (bench/bench_startup.py)
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    app.callback()(_root)
+    return app
 
 
 def _print_version(value: bool) -> None:
@@ -76,7 +78,6 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-@_app.callback()
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
@@ -84,6 +85,10 @@ def _root(
 ) -> None:
     """Inference Operating Envelope analyzer: which wall each LLM inference deployment is against."""
     # a callback keeps ``ioe`` a command group when only one command is registered (rule)
+
+
+_app = _new_app()
+_registered: set[str] = set()
 
 
 def _modules() -> list[str]:
@@ -102,11 +107,13 @@ def _register(names: list[str]) -> typer.Typer:
 
 
 def _listing() -> typer.Typer:
-    """The application with a placeholder per command carrying its indexed help (rule 2): enough
-    for the root help, which never runs a command."""
+    """A separate application with a placeholder per command carrying its indexed help (rule 2):
+    enough for the root help, which never runs a command. It is never the shared application, whose
+    commands must stay the real ones."""
+    app = _new_app()
     for name, _, text in COMMANDS:
-        _app.command(name, help=text)(_placeholder)
-    return _app
+        app.command(name, help=text)(_placeholder)
+    return app
 
 
 def _placeholder() -> None:  # never invoked: only the root help is printed from the listing

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from collector.formats.nccl_inspector import message_size_bytes, parse_prom, sniff_prom
-from collector.store import Store
+from collector.store import SCHEMA_VERSION, Store
 from ioe.cli import app
 from tests.conftest import DATA
 
@@ -89,7 +89,7 @@ def test_a_version_2_store_gains_the_new_columns(tmp_path: Path) -> None:
     con.execute("UPDATE ioe_schema SET version = 2")
     con.close()
     with Store(path) as st:
-        assert st.schema_version() == 3
+        assert st.schema_version() == SCHEMA_VERSION  # migrated through every version
         cols = {r[0] for r in st.con.execute("DESCRIBE collective_records").fetchall()}
         assert {"algo_proto", "msg_bytes_max"} <= cols
         parsed = parse_prom((FILES / "rccl_inspector_readme_allreduce.prom").read_text(), "x", 1.0)
