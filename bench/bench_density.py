@@ -49,7 +49,7 @@ from pathlib import Path
 
 import duckdb
 
-from bench.bench_sidecar import _DEFAULT_FIELDS
+from bench.bench_sidecar import _BUS, _DEFAULT_FIELDS, _UUIDS
 from collector.formats.scrape import ScrapeCache, parse_scrape, replay_scrape
 from collector.store import Store
 
@@ -61,17 +61,6 @@ PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 ROOT = Path(__file__).resolve().parent.parent
 # a start on a 2-hour boundary, so promtool's default 2 h blocks hold the workload in one block
 START_S = 1_790_000_000 - 1_790_000_000 % 7200
-_UUIDS = (
-    "GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005",
-    "GPU-bc5610b9-79c8-fedd-8899-07539c7f868a",
-    "GPU-fbc2c554-4d37-8938-0032-f923bad0f716",
-    "GPU-a65a773d-52bb-bcc1-a8ee-f78c3faa2e2d",
-    "GPU-82e45d1b-1618-559f-144c-eab51545030b",
-    "GPU-39e28159-8c62-ee71-64db-b748edd61e15",
-    "GPU-e64d69ca-b4b3-59b2-e78c-94f26c4db365",
-    "GPU-04d228d3-3b5a-3534-f5cf-969706647d56",
-)
-_BUS = ("53", "64", "75", "86", "97", "A8", "B9", "CA")
 
 
 def labels(i: int) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,3 +101,12 @@ def file_formats() -> list[FileFormat]:
         for extra in getattr(module, "FILE_FORMATS", ()):
             found.append(extra)
     return sorted(found, key=lambda f: (f.priority, f.name))
+
+
+def gather_parts(parts: Iterable[Parsed]) -> Parsed:
+    """A streamed file's parts as one :class:`Parsed` (rows, problems and lines read)."""
+    whole = Parsed()
+    for part in parts:
+        whole.extend(part)
+        whole.lines += part.lines
+    return whole

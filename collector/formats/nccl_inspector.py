@@ -64,7 +64,7 @@ from typing import Any
 
 from collector.errors import ParseError, Problem
 from collector.files import LineChunks, read_capped
-from collector.formats import FileFormat, IngestContext, Parsed
+from collector.formats import FileFormat, IngestContext, Parsed, gather_parts
 from collector.records import frame
 
 TABLE = "collective_records"
@@ -400,11 +400,7 @@ def stream_jsonl(path: Path, ctx: IngestContext) -> Iterator[Parsed]:
 
 
 def load_jsonl(path: Path, ctx: IngestContext) -> Parsed:
-    whole = Parsed()
-    for part in stream_jsonl(path, ctx):
-        whole.extend(part)
-        whole.lines += part.lines
-    return whole
+    return gather_parts(stream_jsonl(path, ctx))
 
 
 def load_prom(path: Path, ctx: IngestContext) -> Parsed:

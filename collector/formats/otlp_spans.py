@@ -80,7 +80,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from collector.errors import ParseError, Problem, quote
 from collector.files import LineChunks, read_capped
-from collector.formats import FileFormat, IngestContext, Parsed
+from collector.formats import FileFormat, IngestContext, Parsed, gather_parts
 from collector.records import INGEST_ERRORS, REQUEST_SPANS, frame
 
 SOURCE = "otlp"
@@ -611,11 +611,7 @@ def stream_file(path: Path, ctx: IngestContext) -> Iterator[Parsed]:
 
 
 def load_file(path: Path, ctx: IngestContext) -> Parsed:
-    whole = Parsed()
-    for part in stream_file(path, ctx):
-        whole.extend(part)
-        whole.lines += part.lines
-    return whole
+    return gather_parts(stream_file(path, ctx))
 
 
 FILE_FORMAT = FileFormat("otlp-json", sniff_file, load_file, priority=45, stream=stream_file)
