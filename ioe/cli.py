@@ -32,6 +32,7 @@ from typer.core import TyperGroup
 
 import ioe.commands
 from ioe.commands._index import COMMANDS
+from ioe.entry import OPTIONS, ROOT_HELP
 
 if TYPE_CHECKING:
     from typer._click import Context, HelpFormatter  # typer's own click (typer 0.2x vendors it)
@@ -57,7 +58,7 @@ def _new_app() -> typer.Typer:
     app = typer.Typer(
         name="ioe",
         cls=_Group,
-        help="Inference Operating Envelope analyzer: which wall each LLM inference deployment is against.",
+        help=ROOT_HELP,
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
@@ -80,7 +81,7 @@ def _print_version(value: bool) -> None:
 
 def _root(
     version: bool = typer.Option(
-        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        False, "--version", callback=_print_version, is_eager=True, help=dict(OPTIONS)["--version"]
     ),
 ) -> None:
     """Inference Operating Envelope analyzer: which wall each LLM inference deployment is against."""

@@ -203,19 +203,13 @@ class Settings(_Model):
     @field_validator("targets")
     @classmethod
     def _unique_targets(cls, v: list[TargetSpec]) -> list[TargetSpec]:
-        names = [t.name for t in v]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"target names must be unique, repeated: {dup}")
+        _refuse_repeats("target names", [t.name for t in v])
         return v
 
     @field_validator("prometheus_sources")
     @classmethod
     def _unique_prometheus(cls, v: list[PrometheusSourceSpec]) -> list[PrometheusSourceSpec]:
-        names = [p.name for p in v]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"prometheus_sources names must be unique, repeated: {dup}")
+        _refuse_repeats("prometheus_sources names", [p.name for p in v])
         return v
 
     def exposure_problem(self) -> str | None:
@@ -350,3 +344,10 @@ def _describe(exc: ValidationError, config: str | Path | None) -> str:
         )
     origin = f" in {config}" if config else ""
     return f"invalid settings{origin}: " + "; ".join(parts)
+
+
+def _refuse_repeats(what: str, names: list[str]) -> None:
+    """ValueError listing the names that occur more than once."""
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"{what} must be unique, repeated: {dup}")
