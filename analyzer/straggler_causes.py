@@ -21,6 +21,12 @@ between two different counters):
 5. InfiniBand/RoCE (``fabric_samples``, per host): the counters of :data:`IB_ERRORS` and
    :data:`IB_CONGESTION` summed over the host's ports, read as in rule 2; compared only when the
    communicator spans several hosts (a one-host group does not cross the fabric).
+5b. Engine step time (``engine_step_s``): vLLM and SGLang observe their inter-token latency
+   histogram once per engine step per running request, so over the engines scraped on a host
+   (``targets.host`` of the sample's source) Σ rise of ``itl_seconds_sum`` / Σ rise of
+   ``itl_seconds_count`` (rule 2, per series) is the mean step time. The culprit host's in its
+   slow windows, against its own history and the other hosts' median in the same windows. (An
+   engine whose TP group spans the host's GPUs times the group's step, not one rank's.)
 
 Causes, in order; each that fits is listed with its evidence, the first is the verdict:
 
@@ -39,10 +45,14 @@ Causes, in order; each that fits is listed with its evidence, the first is the v
     ≥ ``congestion_ratio`` × theirs.
 12. ``slow_compute`` (kernel traces): the culprit's compute kernels take ≥ ``compute_ratio_min``
     × the peers' median mean time.
-13. ``host_contention``: the GPU idles while its peers wait in the collective: utilization
-    (``gpu_util_ratio``, else ``gr_engine_active_ratio``, else ``sm_active_ratio``) ≥
-    ``util_gap_min`` below the peers' median with a normal clock, or (kernel traces) an idle
-    share of its kernel time ≥ ``util_gap_min`` above the peers'.
+13. ``host_contention``: the GPU idles while its peers wait in the collective, with a normal
+    clock (not rule 8): (a) kernel traces: an idle share of its kernel time ≥ ``util_gap_min``
+    above the peers'; (b) the engine's step timing: the step takes ≥ ``compute_ratio_min`` × as
+    long as in its own history (else as the other hosts' engines) while the GPU's utilization
+    (``gpu_util_ratio``, else ``gr_engine_active_ratio``, else ``sm_active_ratio``) is ≥
+    ``util_gap_min`` below the peers' median or its own history; (c) else, that utilization ≥
+    ``util_gap_min`` below the peers' median. A slower step with a GPU as busy as
+    before and as its peers is GPU-bound, not host contention.
 14. ``unexplained`` only when none of 6–13 fits.
 """
 
@@ -93,6 +103,7 @@ THERMAL_BITS = 0x20 | 0x40  # SW / HW thermal slowdown
 POWER_BITS = 0x4 | 0x80  # SW power cap, HW power brake
 IGNORED_BITS = 0x1 | 0x2 | 0x100  # idle, application clocks, display clock
 UTIL = ("gpu_util_ratio", "gr_engine_active_ratio", "sm_active_ratio")
+ENGINE_STEP = ("itl_seconds_sum", "itl_seconds_count")  # one observation per step per request
 
 
 class CauseThresholds(Protocol):
@@ -332,6 +343,40 @@ def fabric_rows(
     return rows
 
 
+def engine_rows(
+    con: duckdb.DuckDBPyConnection, host: str, others: list[str], spans: Spans, history: Spans
+) -> list[dict[str, Any]]:
+    """Rule 5b: the mean engine step time on the culprit's host against its history and the others'."""
+    allspans = spans + history
+    if not allspans:
+        return []
+    lo, hi = min(s[0] for s in allspans) - 3_600 * 10**9, max(s[1] for s in allspans)
+    got = con.execute(
+        "SELECT t.host, e.source, e.engine, e.dp_rank, e.tp_rank, e.pp_rank, e.ep_rank, e.labels, e.concept, "
+        "e.ts_ns, e.value FROM engine_samples e JOIN targets t ON t.target = e.source "
+        "WHERE list_contains(?, e.concept) AND list_contains(?, t.host) AND e.ts_ns >= ? AND e.ts_ns < ? "
+        "ORDER BY e.ts_ns",
+        [list(ENGINE_STEP), [host, *others], lo, hi],
+    ).to_arrow_table()
+    df: pl.DataFrame = pl.from_arrow(got)  # type: ignore[assignment]
+    if df.height == 0:
+        return []
+
+    def step(h: str, within: Spans) -> float | None:
+        rises = {c: 0.0 for c in ENGINE_STEP}
+        for key, part in df.filter(pl.col("host") == h).group_by(df.columns[1:9], maintain_order=True):
+            r = counter_rise(part["ts_ns"].to_numpy(), part["value"].to_numpy().astype(float), within)
+            rises[str(key[7])] += r or 0.0
+        count = rises["itl_seconds_count"]
+        return rises["itl_seconds_sum"] / count if count > 0 else None
+
+    mine = step(host, spans)
+    if mine is None:
+        return []
+    own = step(host, history) if history else None
+    return [_row("engine_step_s", "mean", mine, _median([step(o, spans) for o in others]), own)]
+
+
 # ---- kernel traces --------------------------------------------------------------------------------
 
 
@@ -472,15 +517,18 @@ def _host_contention(ev: dict[str, dict[str, Any]], th: CauseThresholds, throttl
         and idle["culprit"] - idle["peers_median"] >= th.util_gap_min
     ):
         return ["gpu_idle_share"]
-    if throttled:
+    present = [ev[m] for m in UTIL if m in ev]
+    util = next((u for u in present if u["peers_median"] is not None), present[0] if present else None)
+    if throttled or util is None:
         return []
-    for m in UTIL:
-        r = ev.get(m)
-        if r and r["peers_median"] is not None:
-            if r["peers_median"] - r["culprit"] >= th.util_gap_min:
-                return [m, "sm_clock_mhz"]
-            return []
-    return []
+    gap = th.util_gap_min
+    below_peers = util["peers_median"] is not None and util["peers_median"] - util["culprit"] >= gap
+    below_own = util.get("own_history") is not None and util["own_history"] - util["culprit"] >= gap
+    step = ev.get("engine_step_s")
+    ref = step and (step.get("own_history") or step["peers_median"])
+    if step and ref and step["culprit"] >= th.compute_ratio_min * ref and (below_peers or below_own):
+        return ["engine_step_s", util["metric"], "sm_clock_mhz"]  # (b)
+    return [util["metric"], "sm_clock_mhz"] if below_peers else []  # (c)
 
 
 def explain(
@@ -494,7 +542,7 @@ def explain(
     th: CauseThresholds,
     cache: dict[Any, Telemetry] | None = None,
 ) -> Verdict:
-    """Rules 1–14 for one named rank. ``cache`` keeps the samples read for one set of hosts and
+    """Rules 1–14 (and 5b) for one named rank. ``cache`` keeps the samples read for one set of hosts and
     time range, so the ranks of one communicator share one query."""
     hosts = sorted({culprit[0], *(p[0] for p in peers)})
     allspans = spans + history
@@ -510,6 +558,7 @@ def explain(
     rows = evidence_rows(tel, culprit, peers, spans, history)
     other_hosts = sorted({p[0] for p in peers} - {culprit[0]})
     rows += fabric_rows(con, culprit[0], other_hosts, spans)
+    rows += engine_rows(con, culprit[0], other_hosts, spans, history)
     rows += kernel_rows(con, origin, rank)
     found = classify(rows, th)
     return Verdict(found[0]["cause"] if found else "unexplained", found, rows)
