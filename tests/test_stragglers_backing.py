@@ -208,3 +208,37 @@ def test_gpu_bound_slow_rank_is_not_host_contention() -> None:
     assert [(s["rank"], s["kind"], s["cause"]) for s in found] == [(3, "intermittent", "unexplained")]
     assert "host_contention" not in causes(found[0])
     assert ev(found[0], "engine_step_s")["culprit"] == pytest.approx(0.024, rel=0.02)
+
+
+def test_deployment_view_backs_tp2_with_the_model() -> None:
+    """A declared TP2 Llama-3.1-8B deployment on H100s with 32 requests running: a decode step
+    of ~8.6 ms over 64 all-reduces leaves ~120 µs of compute between two all-reduces, and rank 0
+    computes 120 µs. Rank 1 computes 150 µs (1.25 ×) with nothing in its counters: the
+    deployment's stragglers name it, backed by the model. The same store declaring an unknown
+    model has no model to back it, and names nobody."""
+    from analyzer.deployments import find_deployment
+    from analyzer.views import stragglers
+
+    def view(model: str) -> list[dict[str, Any]]:
+        st = Store(":memory:")
+        pair = Group(n_ranks=2, compute_us=120.0, transfer_us=15.0, slow={1: 1.25})
+        st.write("collective_records", trace(pair))
+        st.write("gpu_samples", telemetry(node0(2), {}))
+        targets, _ = vllm_itl("node0", 0.0086)
+        st.write("targets", targets)
+        rows = [{"ts_ns": int(T0_US * NS + s * 1e9), "source": "vllm-node0", "engine": "vllm", "model": model,
+                 "dp_rank": 0, "concept": "requests_running", "value": 32.0} for s in range(60)]  # fmt: skip
+        st.write("engine_samples", frame("engine_samples", rows))
+        dep = {"name": "tp2", "model": model, "gpu_type": "h100_sxm", "tp": 2, "pp": 1, "dp": 1, "ep": 1,
+               "nodes": '["node0"]', "origin": "config"}  # fmt: skip
+        st.write("deployments", frame("deployments", [dep]))
+        with st.cursor() as con:
+            d = find_deployment(con, "tp2")
+            got = stragglers(con, d, int(T0_US * NS) - 1, int(T0_US * NS) + 60 * 10**9, 2.0)
+        return list(got["stragglers"])
+
+    found = view("llama-3.1-8b")
+    assert [(s["rank"], s["backed_by"]) for s in found] == [(1, ["model"])]
+    row = ev(found[0], "compute_segment_vs_model")
+    assert row["model_expected_us"] == pytest.approx(120.0, rel=0.05)
+    assert view("mystery-model") == []
