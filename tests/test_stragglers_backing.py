@@ -11,10 +11,12 @@ expected answer carries its reason.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import polars as pl
 import pytest
 
 from analyzer.stragglers import analyze
@@ -242,3 +244,65 @@ def test_deployment_view_backs_tp2_with_the_model() -> None:
     row = ev(found[0], "compute_segment_vs_model")
     assert row["model_expected_us"] == pytest.approx(120.0, rel=0.05)
     assert view("mystery-model") == []
+
+
+def sglang_tp(host: str, step_s: Any, busy: dict[int, Any], seconds: int = 60) -> tuple[Any, Any]:
+    """An SGLang server on ``host`` exporting from every scheduler (``tp_rank`` on its scheduler
+    series): the tokenizer's ITL ``_sum``/``_count`` (no rank: 32 requests, one observation per
+    step each) and per rank ``forward_busy_seconds_total`` split 90/10 over its ``decode`` and
+    ``extend`` categories, rising by ``busy(t)`` seconds each second."""
+    targets, itl = vllm_itl(host, step_s, seconds=seconds)
+    t = np.arange(seconds, dtype=float)
+    rows = itl.with_columns(engine=pl.lit("sglang")).to_dicts()
+    for rank, share in busy.items():
+        per_s = share(t) if callable(share) else np.full(t.size, share)
+        for category, part in (("decode", 0.9), ("extend", 0.1)):
+            value = np.cumsum(per_s * part)
+            rows += [{"ts_ns": int(T0_US * NS + s * 1e9), "source": f"vllm-{host}", "engine": "sglang",
+                      "model": "llama-3.1-8b", "dp_rank": -1, "tp_rank": rank, "pp_rank": 0, "ep_rank": 0,
+                      "concept": "forward_busy_seconds_total", "labels": json.dumps({"category": category}),
+                      "value": float(v)} for s, v in zip(t, value, strict=True)]  # fmt: skip
+    return targets, frame("engine_samples", rows)
+
+
+def test_sglang_forward_execution_is_the_forward_busy_counter() -> None:
+    """SGLang 0.5.23's ``sglang:forward_execution_seconds_total`` (seconds the GPU runs forward
+    passes, per ``category``) is stored as ``forward_busy_seconds_total`` with its scheduler's
+    ``tp_rank`` (the line is in the format of the 0.5.23 fixture, whose scrape had no forward
+    pass yet and so no sample of it)."""
+    from collector.formats.engine import to_engine_samples
+    from collector.formats.exposition import parse
+
+    text = (
+        "# TYPE sglang:forward_execution_seconds_total counter\n"
+        'sglang:forward_execution_seconds_total{category="decode",engine_type="unified",'
+        'model_name="meta-llama/Llama-3.1-8B-Instruct",moe_ep_rank="0",pp_rank="0",tp_rank="1"} 12.5\n'
+    )
+    parsed = to_engine_samples(parse(text), ts_ns=5, source="t")
+    (got,) = parsed.tables["engine_samples"].to_dicts()
+    assert (got["concept"], got["tp_rank"], got["value"]) == ("forward_busy_seconds_total", 1, 12.5)
+    assert json.loads(got["labels"])["category"] == "decode"
+
+
+def test_sglang_scheduler_starved_on_one_rank() -> None:
+    """SGLang TP4 on one host, every scheduler exporting. In seconds 6–14 (windows 3–6) rank 2's
+    scheduler process shares its CPU with a noisy job: it launches forward passes late, so rank 2
+    computes 12 % longer and its GPU runs forward passes 80 % of the time instead of 90 % (the
+    other ranks wait inside the forward's all-reduce and stay at 90 %). DCGM's coarse utilization
+    reads 0.99 on every GPU throughout, clocks normal. The server's step (ITL) is 23.5 ms then
+    instead of 21 ms. Named intermittent, host_contention, its evidence the step against its own
+    history and rank 2's forward-busy share against the other ranks' and its own."""
+    busy: dict[int, Any] = {r: 0.9 for r in (0, 1, 3)}
+    busy[2] = lambda t: np.where(_contended(t), 0.8, 0.9)
+    found = judge(
+        Group(n_ranks=4, slow={2: 1.12}, when={2: {3, 4, 5, 6}}),
+        gpu=telemetry(node0(4), {}),
+        engine=sglang_tp("node0", lambda t: np.where(_contended(t), 0.0235, 0.021), busy),
+    )
+    assert [(s["rank"], s["kind"], s["cause"]) for s in found] == [(2, "intermittent", "host_contention")]
+    (hc,) = [c for c in found[0]["causes"] if c["cause"] == "host_contention"]
+    cited = {e["metric"]: e for e in hc["evidence"]}
+    assert set(cited) == {"engine_step_s", "engine_forward_busy_ratio", "sm_clock_mhz"}
+    share = cited["engine_forward_busy_ratio"]
+    assert (share["culprit"], share["peers_median"], share["own_history"]) == pytest.approx((0.8, 0.9, 0.9))
+    assert cited["engine_step_s"]["own_history"] == pytest.approx(0.021, rel=0.02)
