@@ -83,6 +83,7 @@ from analyzer.straggler_sources import (
     gauge_mean,
     in_spans,
     kernel_rows,
+    load_engine_samples,
     median_of,
     row,
 )
@@ -420,7 +421,7 @@ def explain(
     origin: str | None,
     rank: int,
     th: CauseThresholds,
-    cache: dict[Any, Telemetry] | None = None,
+    cache: dict[Any, Any] | None = None,
 ) -> Verdict:
     """Rules 1–14 for one named rank. ``cache`` keeps the samples read for one set of hosts and
     time range, so the ranks of one communicator share one query. The engine's samples (rule 5b)
@@ -433,9 +434,12 @@ def explain(
     key = (tuple(hosts), lo, hi)
     if key not in cache:
         cache[key] = Telemetry(_series(load_gpu_samples(con, hosts, lo, hi)))
+        cache[("engine", *key)] = load_engine_samples(con, hosts, lo, hi)
     tel = cache[key]
     other_hosts = sorted({p[0] for p in peers} - {culprit[0]})
-    engine = engine_rows(con, culprit[0], rank, other_hosts, spans, history)  # the slow windows themselves
+    engine = engine_rows(
+        cache[("engine", *key)], culprit[0], rank, other_hosts, spans, history
+    )  # its windows
     if not any(
         in_spans(ts, spans).any() for (h, g, _, _), (ts, _v) in tel.series.items() if (h, g) == culprit
     ):

@@ -30,6 +30,7 @@ IB_ERRORS = (
 IB_CONGESTION = ("tx_wait", "tx_discards", "np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled")
 ENGINE_STEP = ("batch_step_seconds", "itl_seconds")  # one observation per forward pass / step × request
 ENGINE_BUSY = "forward_busy_seconds_total"  # SGLang: seconds the GPU runs forward passes
+STEP_CONCEPTS = tuple(f"{f}_{x}" for f in ENGINE_STEP for x in ("sum", "count"))
 
 # ---- reading the samples (notes 1–2) ------------------------------------------------------------
 
@@ -157,27 +158,29 @@ def _units(df: pl.DataFrame, host: str, rank: int, others: list[str]) -> tuple[s
     return "host", host, others
 
 
-def engine_rows(
-    con: duckdb.DuckDBPyConnection, host: str, rank: int, others: list[str], spans: Spans, history: Spans
-) -> list[dict[str, Any]]:
-    """Rule 5b: the culprit's engine step time (and SGLang's forward-busy share) in its slow
-    windows, against its own history and its peers' in the same windows."""
-    allspans = spans + history
-    if not allspans:
-        return []
-    lo, hi = min(s[0] for s in allspans) - 3_600 * 10**9, max(s[1] for s in allspans)
-    steps = [f"{f}_{x}" for f in ENGINE_STEP for x in ("sum", "count")]
+def load_engine_samples(con: duckdb.DuckDBPyConnection, hosts: list[str], lo: int, hi: int) -> pl.DataFrame:
+    """The engine series rule 5b reads, of the engines scraped on ``hosts``, in ``[lo, hi)``."""
     got = con.execute(
         "SELECT t.host, e.source, e.engine, e.dp_rank, e.tp_rank, e.pp_rank, e.ep_rank, e.labels, e.concept, "
         "e.ts_ns, e.value FROM engine_samples e JOIN targets t ON t.target = e.source "
         "WHERE list_contains(?, e.concept) AND list_contains(?, t.host) AND e.ts_ns >= ? AND e.ts_ns < ? "
         "ORDER BY e.ts_ns",
-        [[*steps, ENGINE_BUSY], [host, *others], lo, hi],
+        [[*STEP_CONCEPTS, ENGINE_BUSY], hosts, lo, hi],
     ).to_arrow_table()
-    df: pl.DataFrame = pl.from_arrow(got)  # type: ignore[assignment]
+    return pl.from_arrow(got)  # type: ignore[return-value]
+
+
+def engine_rows(
+    df: pl.DataFrame, host: str, rank: int, others: list[str], spans: Spans, history: Spans
+) -> list[dict[str, Any]]:
+    """Rule 5b over :func:`load_engine_samples`: the culprit's engine step time (and SGLang's
+    forward-busy share) in its slow windows, against its own history and its peers' in the same
+    windows."""
+    if df.height == 0:
+        return []
     rows = []
     for metric, concepts, figure in (
-        ("engine_step_s", steps, _step),
+        ("engine_step_s", list(STEP_CONCEPTS), _step),
         ("engine_forward_busy_ratio", [ENGINE_BUSY], _busy),
     ):
         part = df.filter(pl.col("concept").is_in(concepts))
