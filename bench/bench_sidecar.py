@@ -36,15 +36,18 @@ Run: ``.venv/bin/python -m bench.bench_sidecar [--duration 300] [--warmup 15] [-
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -59,6 +62,8 @@ ENGINE = ROOT / "tests" / "data" / "engine"
 DCGM_FIELDS = Path("/work/shared/fixtures/dcgm")
 GOAL_CPU_PCT = 1.0
 GOAL_RSS_MB = 150.0
+# issue 24: the collector-only sidecar at most Prometheus's CPU on the same targets, and this peak
+GOAL_PEAK_RSS_MB = 100.0
 VARIANTS = 30
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -348,7 +353,7 @@ def run_sidecar(server: BodyServer, tmp: Path, args: argparse.Namespace, mode: s
     path = tmp / f"sidecar-{mode}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     log = (tmp / f"sidecar-{mode}.log").open("w")
-    cmd = [str(ROOT / ".venv" / "bin" / "ioe"), "sidecar", "--config", str(path)]
+    cmd = [sys.executable, "-m", "ioe", "sidecar", "--config", str(path)]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp, env=_sidecar_env(tmp, args))
     metrics = f"http://127.0.0.1:{port}/metrics"
     try:
@@ -369,11 +374,13 @@ def _sidecar_env(tmp: Path, args: argparse.Namespace) -> dict[str, str]:
     imports it on the first Arrow scan when it is installed (~50 MB resident). A stub package
     that raises ImportError stands for a production install without it."""
     env = dict(os.environ)
+    # this checkout's code, whichever checkout the venv's editable install points at
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH", ""))))
     if args.hide_pandas:
         stub = tmp / "no-pandas" / "pandas"
         stub.mkdir(parents=True, exist_ok=True)
         (stub / "__init__.py").write_text('raise ImportError("pandas is not installed here")\n')
-        env["PYTHONPATH"] = str(stub.parent)
+        env["PYTHONPATH"] = os.pathsep.join((str(stub.parent), env["PYTHONPATH"]))
     return env
 
 
@@ -453,17 +460,64 @@ def plain_scraper(rows_file: str, urls: list[str]) -> None:
 def report(results: list[Measured]) -> None:
     print("\n".join(r.line() for r in results))
     ours = [r for r in results if r.name.startswith("ioe ")]
+    prom = next((r for r in results if r.name == "prometheus"), None)
     for ioe in ours:
         verdict = "met" if ioe.cpu_pct <= GOAL_CPU_PCT and ioe.peak_rss_mb <= GOAL_RSS_MB else "NOT met"
         print(
-            f"{ioe.name}: goal (≤ {GOAL_CPU_PCT:g} % of one core, ≤ {GOAL_RSS_MB:g} MB): {verdict} "
+            f"{ioe.name}: issue 2 goal (≤ {GOAL_CPU_PCT:g} % of one core, ≤ {GOAL_RSS_MB:g} MB): {verdict} "
             f"(CPU {ioe.cpu_pct / GOAL_CPU_PCT:.2f}× goal, RSS {ioe.peak_rss_mb / GOAL_RSS_MB:.2f}× goal)"
         )
+        if prom is not None and ioe.name == "ioe collector":
+            ok = ioe.cpu_pct <= prom.cpu_pct and ioe.peak_rss_mb <= GOAL_PEAK_RSS_MB
+            print(
+                f"{ioe.name}: issue 24 goal (≤ 1.0× Prometheus CPU, ≤ {GOAL_PEAK_RSS_MB:g} MB peak): "
+                f"{'met' if ok else 'NOT met'}"
+            )
         for peer in (r for r in results if not r.name.startswith("ioe ")):
             print(
                 f"ratio {ioe.name} / {peer.name}: CPU {ioe.cpu_pct / max(peer.cpu_pct, 1e-9):.2f}×, "
                 f"peak RSS {ioe.peak_rss_mb / max(peer.peak_rss_mb, 1e-9):.2f}×"
             )
+
+
+def report_medians(runs: list[list[Measured]]) -> None:
+    """Medians (and ranges) over runs of each process's CPU and peak RSS, and of the ratios of
+    each sidecar mode to each peer within a run."""
+    names = list(dict.fromkeys(r.name for run in runs for r in run))
+    print(f"\nover {len(runs)} runs: median (range)")
+    for name in names:
+        got = [r for run in runs for r in run if r.name == name]
+        cpu, rss = [r.cpu_pct for r in got], [r.peak_rss_mb for r in got]
+        print(f"{name:<11} CPU {_mid(cpu, '.2f')} %  peak RSS {_mid(rss, '.1f')} MB")
+    for ours in (n for n in names if n.startswith("ioe ")):
+        for peer in (n for n in names if not n.startswith("ioe ")):
+            pairs = [(a, b) for run in runs for a in run for b in run if a.name == ours and b.name == peer]
+            cpu = [a.cpu_pct / max(b.cpu_pct, 1e-9) for a, b in pairs]
+            rss = [a.peak_rss_mb / max(b.peak_rss_mb, 1e-9) for a, b in pairs]
+            print(f"ratio {ours} / {peer}: CPU {_mid(cpu, '.2f')}×, peak RSS {_mid(rss, '.2f')}×")
+
+
+def _mid(values: list[float], fmt: str) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}–{max(values):{fmt}})"
+
+
+def run_once(server: BodyServer, tmp: Path, args: argparse.Namespace) -> list[Measured]:
+    """One run: each sidecar mode, then each peer, one after the other; with ``--together`` all at
+    once, measured over the same window (they then share the CPUs, and any load on the machine)."""
+    peers = {"prometheus": run_prometheus, "plain": run_plain}
+    jobs: list[Callable[[], Measured | None]] = [
+        functools.partial(run_sidecar, server, tmp, args, m) for m in filter(None, args.modes.split(","))
+    ]
+    names = [n for n in args.peers.split(",") if n in peers]
+    jobs += [functools.partial(peers[n], server, tmp, args) for n in names]
+    if args.together:
+        with ThreadPoolExecutor(max_workers=len(jobs) or 1) as pool:
+            got = list(pool.map(lambda job: job(), jobs))
+    else:
+        got = [job() for job in jobs]
+    return [r for r in got if r is not None]
 
 
 def main() -> None:
@@ -477,6 +531,8 @@ def main() -> None:
     ap.add_argument("--hide-pandas", action="store_true", help="run the sidecar as if pandas were absent")
     ap.add_argument("--peers", default="prometheus,plain", help="comma list: prometheus, plain (or none)")
     ap.add_argument("--modes", default="collector,agent", help="sidecar modes: collector, agent")
+    ap.add_argument("--runs", type=int, default=1, help="runs; medians over them are printed at the end")
+    ap.add_argument("--together", action="store_true", help="run every process at once, same window")
     ap.add_argument("--plain-scraper", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.plain_scraper:
@@ -484,21 +540,20 @@ def main() -> None:
         return
     bodies = build_bodies()
     sizes = ", ".join(f"{p} {len(v[0]) / 1024:.0f} KiB" for p, v in bodies.items())
-    print(f"bodies: {sizes}; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.2f}")
+    print(f"bodies: {sizes}; {os.cpu_count()} CPUs")
     server = BodyServer(bodies)
-    peers = {"prometheus": run_prometheus, "plain": run_plain}
+    runs: list[list[Measured]] = []
     try:
-        with tempfile.TemporaryDirectory(prefix="bench-sidecar-") as tmp:
-            results = [run_sidecar(server, Path(tmp), args, m) for m in filter(None, args.modes.split(","))]
-            for name in filter(None, args.peers.split(",")):
-                if name in peers:
-                    got = peers[name](server, Path(tmp), args)
-                    if got is not None:
-                        results.append(got)
+        for i in range(args.runs):
+            print(f"\nrun {i + 1}/{args.runs}: load average before {os.getloadavg()[0]:.2f}", flush=True)
+            with tempfile.TemporaryDirectory(prefix="bench-sidecar-") as tmp:
+                runs.append(run_once(server, Path(tmp), args))
+            print(f"load average after: {os.getloadavg()[0]:.2f}")
+            report(runs[-1])
     finally:
         server.close()
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
-    report(results)
+    if len(runs) > 1:
+        report_medians(runs)
 
 
 if __name__ == "__main__":
