@@ -28,9 +28,13 @@ seconds: CPU % of one core = CPU seconds / wall seconds × 100. Peak RSS is ``Vm
 ``/proc/<pid>/status`` (the whole life, start-up included). Rows stored/s come from the
 sidecar's own ``ioe_rows_stored_total``; Prometheus's samples/s from its
 ``prometheus_tsdb_head_samples_appended_total``. Each process runs alone (one after the
-other) so they do not share the 2-core machine with each other.
+other) so they do not share the 2-core machine with each other; with ``--together`` they all run
+at once over the same window, so other load on a shared machine falls on each alike. ``--runs N``
+repeats the whole and prints each process's median and range, and of each ratio within a run.
+Issue 24's goal: the collector at most Prometheus's CPU and at most 100 MB peak.
 
-Run: ``.venv/bin/python -m bench.bench_sidecar [--duration 300] [--warmup 15] [--peers prometheus,plain]``.
+Run: ``.venv/bin/python -m bench.bench_sidecar [--duration 300] [--warmup 15] [--peers prometheus,plain]
+[--runs 3] [--together]``.
 """
 
 from __future__ import annotations
