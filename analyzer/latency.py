@@ -38,6 +38,11 @@ Rules:
     connection, window, series, concepts, bins, look-back and source answers from its first
     run: a report reads its window's histograms for the envelope and again for the regression,
     and a 24 h window's 60 s bins for the envelope's ramp test and again for Cp.
+ 9. Where the points also keep each point's increase (a store file at schema 5:
+    :mod:`collector.increases`), a window's increase is a plain sum of the stored increases of its
+    points, per series and bin, with no ``lag`` (no sort): each series' first point in the read
+    range (look-back included) counts 0, as its ``lag`` had no previous point (rule 5 there).
+    The same rows as rule 7's statement, up to the order floats are added in.
 """
 
 from __future__ import annotations
@@ -203,6 +208,41 @@ def _points_of(con: duckdb.DuckDBPyConnection, table: str, rollup: bool) -> bool
     return not rollup and has_points(con, table)
 
 
+def _stored_increases(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """Rule 9: whether the points of ``table`` keep each point's increase here."""
+    row = con.execute(
+        "SELECT count(*) FROM information_schema.columns WHERE table_catalog = current_database() "
+        "AND table_name = ? AND column_name = 'increase'",
+        [f"{table}_points"],
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def _summed_increases(table: str, described: str, where: str, name: str) -> str:
+    """Rule 9's statement: ``[described..., bin, name]`` summed from the points' stored increases.
+
+    Parameters in order: the ``where`` filter's (concepts, keys), lower ts, upper ts, start ts,
+    bin width, start ts."""
+    cols = described.split(", ")
+    out = ", ".join([cols[0], "bin", *cols[1:]])
+    return f"""
+        WITH ser AS (
+            SELECT series_id, {described} FROM {table}_series
+            WHERE list_contains({TEXTS}, concept){where}
+        ), p AS (
+            SELECT series_id, ts_ns, increase FROM {table}_points
+            WHERE ts_ns > ? AND ts_ns <= ? AND series_id IN (SELECT series_id FROM ser)
+        ), f AS (
+            SELECT series_id, min(ts_ns) AS first_ts FROM p GROUP BY series_id
+        ), b AS (
+            SELECT p.series_id, CAST((p.ts_ns - ? - 1) // ? AS BIGINT) AS bin,
+                   sum(CASE WHEN p.ts_ns = f.first_ts THEN 0 ELSE p.increase END) AS inc
+            FROM p JOIN f USING (series_id) WHERE p.ts_ns > ? GROUP BY ALL
+        )
+        SELECT {out}, sum(inc) AS {name} FROM b JOIN ser USING (series_id)
+        GROUP BY ALL ORDER BY {out}"""
+
+
 def _series_increases(table: str, value: str, described: str, where: str) -> str:
     """Rule 7's statement: increases per point of the selected series, with ``described`` columns.
 
@@ -264,6 +304,10 @@ def bucket_increases(
     where, params = _key_filter(keys)
     bin_ns = int(bin_s * NS) if bin_s else max(end_ns - start_ns, 1)
     lower = start_ns - int(lookback_s * NS)
+    if _points_of(con, "histogram_buckets", rollup) and _stored_increases(con, "histogram_buckets"):  # rule 9
+        sql = _summed_increases("histogram_buckets", "concept, le", where, "count")
+        args = [texts(concepts), *params, lower, end_ns, start_ns, bin_ns, start_ns]
+        return _shared((id(con), sql, *args), lambda: con.execute(sql, args).pl())
     if _points_of(con, "histogram_buckets", rollup):  # rule 7
         inner = _series_increases("histogram_buckets", "cumulative_count", "concept, le", where)
     else:
@@ -368,6 +412,10 @@ def counter_increases(
     where, params = _key_filter(keys)
     bin_ns = int(bin_s * NS) if bin_s else max(end_ns - start_ns, 1)
     lower = start_ns - int(lookback_s * NS)
+    if _points_of(con, "engine_samples", rollup) and _stored_increases(con, "engine_samples"):  # rule 9
+        sql = _summed_increases("engine_samples", "concept", where, "increase")
+        args = [texts(concepts), *params, lower, end_ns, start_ns, bin_ns, start_ns]
+        return _shared((id(con), sql, *args), lambda: con.execute(sql, args).pl())
     if _points_of(con, "engine_samples", rollup):  # rule 7
         inner = _series_increases("engine_samples", "value", "concept", where)
     else:

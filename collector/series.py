@@ -60,7 +60,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from collector.batch import Batch, run_on_stream
-from collector.records import Table, points_name, points_table, series_name, series_table
+from collector.records import (
+    INCREASE,
+    Table,
+    point_values,
+    points_name,
+    points_table,
+    series_name,
+    series_table,
+)
 
 if TYPE_CHECKING:
     import duckdb
@@ -82,18 +90,20 @@ def times_name(table: str) -> str:
 
 
 def _values(spec: Table, alias: str = "") -> str:
-    return ", ".join(f"{alias}{c}" for c in spec.values)
+    return ", ".join(f"{alias}{c}" for c, _ in point_values(spec))
 
 
 def _typed(spec: Table) -> str:
-    return ", ".join(f"{c} {t}" for c, t in spec.columns if c in spec.values)
+    return ", ".join(f"{c} {t}" for c, t in point_values(spec))
 
 
-def points_view_ddl(spec: Table) -> str:
-    """The view ``T_points``: recent and packed points, ``(ts_ns, series_id, values...)``."""
+def points_view_ddl(spec: Table, replace: bool = False) -> str:
+    """The view ``T_points``: recent and packed points, ``(ts_ns, series_id, values...)`` (with
+    ``increase`` for a counter table: collector.increases)."""
     t = spec.name
+    create = "CREATE OR REPLACE VIEW" if replace else "CREATE VIEW IF NOT EXISTS"
     return (
-        f"CREATE VIEW IF NOT EXISTS {points_name(t)} AS "
+        f"{create} {points_name(t)} AS "
         f"SELECT ts_ns, series_id, {_values(spec)} FROM {recent_name(t)} UNION ALL "
         f"SELECT t.ts_ns, p.series_id, {_values(spec, 'p.')} "
         f"FROM {packed_name(t)} AS p JOIN {times_name(t)} AS t USING (tix)"
@@ -114,9 +124,22 @@ def points_statements(spec: Table) -> list[str]:
 
 
 def recent_statements(spec: Table) -> list[str]:
-    """Rule 4: a schema-3 file's points table becomes ``T_recent`` (run in a transaction)."""
+    """Rule 4: a schema-3 file's points table becomes ``T_recent`` (run in a transaction; a
+    counter table's increases are filled after, :func:`collector.increases.fill_statements`)."""
     rename = f"ALTER TABLE {points_name(spec.name)} RENAME TO {recent_name(spec.name)}"
-    return [rename, *points_statements(spec), view_ddl(spec)]
+    add = [f"ALTER TABLE {recent_name(spec.name)} ADD COLUMN {INCREASE} DOUBLE"] if spec.counter else []
+    return [rename, *add, *points_statements(spec), view_ddl(spec)]
+
+
+def increase_column_statements(spec: Table) -> list[str]:
+    """Rule 4: a schema-4 file's counter table gets the ``increase`` column on both point forms
+    and its ``T_points`` view again (run in a transaction, with the fill after)."""
+    t = spec.name
+    return [
+        f"ALTER TABLE {recent_name(t)} ADD COLUMN {INCREASE} DOUBLE",
+        f"ALTER TABLE {packed_name(t)} ADD COLUMN {INCREASE} DOUBLE",
+        points_view_ddl(spec, replace=True),
+    ]
 
 
 def pack_statements(spec: Table, lo_ns: int, hi_ns: int) -> list[str]:
@@ -183,7 +206,8 @@ def convert_statements(spec: Table) -> list[str]:
         *create_statements(spec)[:-1],
         f"INSERT INTO {series_name(spec.name)} SELECT row_number() OVER (ORDER BY first_ts, {ids}) - 1, "
         f"{ids} FROM (SELECT {ids}, min(ts_ns) AS first_ts FROM {old} GROUP BY ALL)",
-        f"INSERT INTO {recent_name(spec.name)} SELECT w.ts_ns, s.series_id, {values} "
+        f"INSERT INTO {recent_name(spec.name)} (ts_ns, series_id, {', '.join(spec.values)}) "
+        f"SELECT w.ts_ns, s.series_id, {values} "
         f"FROM {old} AS w JOIN {series_name(spec.name)} AS s ON {match} ORDER BY w.ts_ns",
         f"DROP TABLE {old}",
         view_ddl(spec),
@@ -202,11 +226,13 @@ class SeriesIndex:
         self.points = points_table(spec)
         self._ids: dict[tuple[Any, ...], int] | None = None
         self._next = 0
+        self.first_new = 0  # the first id :meth:`ids` gave in its last call (ids from it on are new)
 
     def ids(self, cur: duckdb.DuckDBPyConnection, cols: dict[str, Sequence[Any]]) -> list[int]:
         """The ``series_id`` of each row of ``cols`` (the wide table's columns); series seen for
         the first time are inserted into ``T_series`` first (a NULL key column raises there)."""
         known = self._load(cur)
+        self.first_new = self._next
         names = self.spec.series_columns
         keys = list(zip(*(cols[c] for c in names), strict=True))
         got = list(map(known.get, keys))

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 
-from collector import series
+from collector import increases, series
 from collector.batch import Batch, as_polars, run_on_stream
-from collector.records import REPLACE_TABLES, TABLES, Table, points_name, series_name
+from collector.records import INCREASE, REPLACE_TABLES, TABLES, Table, points_name, series_name
 
 if TYPE_CHECKING:
     import polars as pl
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 NS_PER_MIN = 60_000_000_000
 # Block size of a new store file: DuckDB's default, 256 KiB. DuckDB compresses doubles with ALP
 # only in blocks this large: with 64 or 128 KiB blocks every value column stayed RLE or
@@ -84,6 +84,8 @@ SERIES_PRUNE_NS = 3600 * 1_000_000_000
 #   algorithm/protocol label and the upper end of its bucketed message sizes).
 # 3 -> 4: the points of a store file are kept recent and packed (collector.series rule 4):
 #   physical again, converted by Store._layout.
+# 4 -> 5: the points of counter tables keep each point's increase (collector.increases rule 6):
+#   physical, added and filled by Store._layout.
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, []),
     (
@@ -94,6 +96,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         ],
     ),
     (3, []),
+    (4, []),
 ]
 
 
@@ -181,6 +184,7 @@ class Store(RowCounts):
         # what the writer keeps in memory is read again from the file (a reopen may follow a
         # commit that failed)
         self._series = {name: series.SeriesIndex(t) for name, t in TABLES.items() if t.values}
+        self._last = {name: increases.LastPoints(t) for name, t in TABLES.items() if t.counter}
         self._newest: dict[str, int | None] = {}  # points table -> its largest ts_ns stored
         self._writer = self._new_cursor()
 
@@ -297,17 +301,31 @@ class Store(RowCounts):
             ).fetchall()
         )
         for name, table in TABLES.items():
+            fill = increases.fill_statements(table) if table.counter else []
             if not table.values:
                 self.con.execute(table.ddl())
             elif kinds.get(name) == "BASE TABLE":
                 log.info("store %s: converting %s to the series layout", self.path, name)
-                self._transaction(series.convert_statements(table))
+                self._transaction(series.convert_statements(table) + fill)
             elif kinds.get(points_name(name)) == "BASE TABLE":
                 log.info("store %s: keeping the points of %s recent and packed", self.path, name)
-                self._transaction(series.recent_statements(table))
+                self._transaction(series.recent_statements(table) + fill)
+            elif (
+                fill and kinds.get(series.recent_name(name)) == "BASE TABLE" and not self._has_increase(name)
+            ):
+                log.info("store %s: storing the increase of every point of %s", self.path, name)
+                self._transaction(series.increase_column_statements(table) + fill)
             else:
                 for sql in series.create_statements(table):
                     self.con.execute(sql)
+
+    def _has_increase(self, name: str) -> bool:
+        """Whether ``T_recent`` of counter table ``name`` has the increase column (schema 5)."""
+        got = self.con.execute(
+            "SELECT count(*) FROM information_schema.columns WHERE table_catalog = current_database() "
+            f"AND table_name = {_text(series.recent_name(name))} AND column_name = {_text(INCREASE)}"
+        ).fetchone()
+        return bool(got and got[0])
 
     def _transaction(self, statements: list[str], con: duckdb.DuckDBPyConnection | None = None) -> None:
         """``statements`` in one transaction: all of them or, on any error, none."""
@@ -367,15 +385,40 @@ class Store(RowCounts):
 
     def _insert_points(self, cur: duckdb.DuckDBPyConnection, spec: Table, batch: Any) -> int:
         """A raw table's rows as points of its series (collector.series rules 1-2), appended to
-        ``T_recent``; the keys stored are those of every point (``T_points``)."""
+        ``T_recent``; the keys stored are those of every point (``T_points``). A counter table's
+        points carry their increase (collector.increases rules 3-4: a batch with late points is
+        inserted and its late series' increases repaired in one transaction)."""
         cols, height = _columns(batch, spec.column_names)
         index = self._series[spec.name]
         ids = index.ids(cur, cols)
         target = index.points
         data = {"ts_ns": cols["ts_ns"], "series_id": ids, **{c: cols[c] for c in spec.values}}
         unique = isinstance(batch, Batch) and batch.unique
+        into = series.recent_name(spec.name)
+        if not spec.counter:
+            return self._insert_unindexed(cur, target, Batch(target.name, data, height, unique=unique), into)
+        last = self._last[spec.name]
+        data[INCREASE], late, newest = last.increases(
+            cur, ids, cols["ts_ns"], cols[spec.counter], index.first_new
+        )
         rows = Batch(target.name, data, height, unique=unique)
-        return self._insert_unindexed(cur, target, rows, into=series.recent_name(spec.name))
+        if not late:
+            stored = self._insert_unindexed(cur, target, rows, into)
+        else:
+            known = self._newest.get(target.name)
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                stored = self._insert_unindexed(cur, target, rows, into)
+                if stored:
+                    for sql in increases.repair_statements(spec, late):
+                        cur.execute(sql)
+            except BaseException:
+                cur.execute("ROLLBACK")
+                self._newest[target.name] = known
+                raise
+            cur.execute("COMMIT")
+        last.commit(newest)
+        return stored
 
     def _insert_unindexed(
         self, cur: duckdb.DuckDBPyConnection, spec: Table, batch: Any, into: str = ""
@@ -475,6 +518,8 @@ class Store(RowCounts):
         if now_ns - self._state("series_pruned_ns") >= SERIES_PRUNE_NS:
             for name, index in self._series.items():
                 done[f"pruned_{name}_series"] = index.prune(self.con)
+                if done[f"pruned_{name}_series"] and name in self._last:
+                    self._last[name].forget()  # a pruned series' id may be given again
             self._set_state("series_pruned_ns", now_ns)
         roll_before = now_ns - int(retention.rollup_s * 1e9)
         for table in ("gpu_samples_1m", "engine_samples_1m", "histogram_buckets_1m"):
