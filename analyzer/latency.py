@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import numpy as np
@@ -175,7 +175,8 @@ def table_sql(name: str, rollup: bool) -> str:
     return name.replace("engine_gauges", "engine_samples")
 
 
-_SHARED: ContextVar[dict[tuple[Any, ...], pl.DataFrame] | None] = ContextVar("ioe_shared_reads", default=None)
+_SHARED: ContextVar[dict[tuple[Any, ...], Any] | None] = ContextVar("ioe_shared_reads", default=None)
+_T = TypeVar("_T")
 
 
 @contextmanager
@@ -188,7 +189,7 @@ def shared_reads() -> Iterator[None]:
         _SHARED.reset(token)
 
 
-def _shared(key: tuple[Any, ...], run: Callable[[], pl.DataFrame]) -> pl.DataFrame:
+def _shared(key: tuple[Any, ...], run: Callable[[], _T]) -> _T:
     memo = _SHARED.get()
     if memo is None:
         return run()
@@ -205,41 +206,58 @@ def _key_filter(keys: Sequence[str] | None) -> tuple[str, list[Any]]:
 
 def _points_of(con: duckdb.DuckDBPyConnection, table: str, rollup: bool) -> bool:
     """Rule 7: whether ``table`` is read from its points table here (series layout, raw rows)."""
-    return not rollup and has_points(con, table)
+    return not rollup and _shared((id(con), "has_points", table), lambda: has_points(con, table))
 
 
 def _stored_increases(con: duckdb.DuckDBPyConnection, table: str) -> bool:
-    """Rule 9: whether the points of ``table`` keep each point's increase here."""
-    row = con.execute(
-        "SELECT count(*) FROM information_schema.columns WHERE table_catalog = current_database() "
-        "AND table_name = ? AND column_name = 'increase'",
-        [f"{table}_points"],
-    ).fetchone()
-    return bool(row and row[0])
+    """Rule 9: whether the points of ``table`` keep each point's increase here (asked once per
+    report: rule 8; a catalog query costs ~30 ms on a busy machine)."""
+
+    def ask() -> bool:
+        row = con.execute(
+            "SELECT count(*) FROM information_schema.columns WHERE table_catalog = current_database() "
+            f"AND table_name = '{table}_points' AND column_name = 'increase'"
+        ).fetchone()
+        return bool(row and row[0])
+
+    return _shared((id(con), "stored_increases", table), ask)
 
 
 def _summed_increases(table: str, described: str, where: str, name: str) -> str:
     """Rule 9's statement: ``[described..., bin, name]`` summed from the points' stored increases.
 
-    Parameters in order: the ``where`` filter's (concepts, keys), lower ts, upper ts, start ts,
-    bin width, start ts."""
+    The window's points are summed by series and bin in one pass (``b``). The first point of a
+    series in the read range counts 0: for a series with a point in the look-back that point is
+    before the window, so nothing is taken out; for the others (``fresh``: a series that
+    started inside the window or came back after a gap, usually none) their first point in the
+    window (``f``) is taken back out of its bin, ``coalesce(sum, 0) - coalesce(first, 0)``: what
+    adding 0 for it and the stored increases of the others gave, NULLs included (the first
+    point makes that bin's sum non-NULL).
+
+    Parameters in order: the ``where`` filter's (concepts, keys), start ts, bin width, start
+    ts, upper ts, lower ts, start ts, start ts, bin width, start ts, upper ts."""
     cols = described.split(", ")
     out = ", ".join([cols[0], "bin", *cols[1:]])
+    pts = f"{table}_points WHERE series_id IN (SELECT series_id FROM ser) AND ts_ns > ? AND ts_ns <= ?"
     return f"""
         WITH ser AS (
             SELECT series_id, {described} FROM {table}_series
             WHERE list_contains({TEXTS}, concept){where}
-        ), p AS (
-            SELECT series_id, ts_ns, increase FROM {table}_points
-            WHERE ts_ns > ? AND ts_ns <= ? AND series_id IN (SELECT series_id FROM ser)
-        ), f AS (
-            SELECT series_id, min(ts_ns) AS first_ts FROM p GROUP BY series_id
         ), b AS (
-            SELECT p.series_id, CAST((p.ts_ns - ? - 1) // ? AS BIGINT) AS bin,
-                   sum(CASE WHEN p.ts_ns = f.first_ts THEN 0 ELSE p.increase END) AS inc
-            FROM p JOIN f USING (series_id) WHERE p.ts_ns > ? GROUP BY ALL
+            SELECT series_id, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin, sum(increase) AS inc
+            FROM {pts} GROUP BY ALL
+        ), fresh AS (
+            SELECT series_id FROM ser EXCEPT SELECT DISTINCT series_id FROM {pts}
+        ), f AS (
+            SELECT series_id, CAST((min(ts_ns) - ? - 1) // ? AS BIGINT) AS bin,
+                   arg_min_null(increase, ts_ns) AS inc0
+            FROM {table}_points
+            WHERE series_id IN (SELECT series_id FROM fresh) AND ts_ns > ? AND ts_ns <= ?
+            GROUP BY series_id
         )
-        SELECT {out}, sum(inc) AS {name} FROM b JOIN ser USING (series_id)
+        SELECT {out}, sum(CASE WHEN f.series_id IS NULL THEN b.inc
+                               ELSE coalesce(b.inc, 0) - coalesce(f.inc0, 0) END) AS {name}
+        FROM b LEFT JOIN f USING (series_id, bin) JOIN ser USING (series_id)
         GROUP BY ALL ORDER BY {out}"""
 
 
@@ -306,7 +324,8 @@ def bucket_increases(
     lower = start_ns - int(lookback_s * NS)
     if _points_of(con, "histogram_buckets", rollup) and _stored_increases(con, "histogram_buckets"):  # rule 9
         sql = _summed_increases("histogram_buckets", "concept, le", where, "count")
-        args = [texts(concepts), *params, lower, end_ns, start_ns, bin_ns, start_ns]
+        args = [texts(concepts), *params, start_ns, bin_ns, start_ns, end_ns, lower, start_ns]
+        args += [start_ns, bin_ns, start_ns, end_ns]
         return _shared((id(con), sql, *args), lambda: con.execute(sql, args).pl())
     if _points_of(con, "histogram_buckets", rollup):  # rule 7
         inner = _series_increases("histogram_buckets", "cumulative_count", "concept, le", where)
@@ -414,7 +433,8 @@ def counter_increases(
     lower = start_ns - int(lookback_s * NS)
     if _points_of(con, "engine_samples", rollup) and _stored_increases(con, "engine_samples"):  # rule 9
         sql = _summed_increases("engine_samples", "concept", where, "increase")
-        args = [texts(concepts), *params, lower, end_ns, start_ns, bin_ns, start_ns]
+        args = [texts(concepts), *params, start_ns, bin_ns, start_ns, end_ns, lower, start_ns]
+        args += [start_ns, bin_ns, start_ns, end_ns]
         return _shared((id(con), sql, *args), lambda: con.execute(sql, args).pl())
     if _points_of(con, "engine_samples", rollup):  # rule 7
         inner = _series_increases("engine_samples", "value", "concept", where)
