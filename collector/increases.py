@@ -43,14 +43,19 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import operator
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from collector.records import INCREASE, Table, points_name
 from collector.series import SLICE_NS, packed_name, recent_name, times_name
 
 if TYPE_CHECKING:
     import duckdb
+
+# What :meth:`LastPoints.increases` hands to :meth:`LastPoints.commit`: ``(series_id, (ts_ns,
+# value))`` pairs, each newer than its series' last stored point.
+Newest = Iterable[tuple[int, tuple[int, Any]]]
 
 # Rule 1 in SQL over ``c`` (the value), ``prev`` and ``prev_ts`` (the previous point's value and
 # time, NULL for a series' first point: rule 2).
@@ -89,11 +94,14 @@ class LastPoints:
         ts: Sequence[int],
         values: Sequence[Any],
         first_new: int,
-    ) -> tuple[list[Any], dict[int, tuple[int, int]], dict[int, tuple[int, Any]]]:
+    ) -> tuple[list[Any], dict[int, tuple[int, int]], Newest]:
         """Rules 1-4 for one batch: the increase of each row, the late series (``{series_id:
         (first, last ts_ns of its batch rows)}``, rule 4) and the newest points to
         :meth:`commit` once the batch is stored. ``first_new``: series ids from it on were
         created for this batch (no stored point)."""
+        fast = self._one_step(ids, ts, values)
+        if fast is not None:
+            return fast
         self._load(cur, {s for s in ids if s < first_new and s not in self._last})
         n = len(ts)
         ordered = all(ts[i] <= ts[i + 1] for i in range(n - 1))
@@ -118,14 +126,29 @@ class LastPoints:
             else:  # rule 4
                 lo, hi = late.get(sid, (t, t))
                 late[sid] = (min(lo, t), max(hi, t))
-        return out, late, newest
+        return out, late, newest.items()
 
-    def commit(self, newest: dict[int, tuple[int, Any]]) -> None:
-        """Rule 3: the batch was stored; ``newest`` (from :meth:`increases`) is now the last point."""
-        for sid, point in newest.items():
-            old = self._last.get(sid)
-            if old is None or point[0] > old[0]:
-                self._last[sid] = point
+    def _one_step(
+        self, ids: Sequence[int], ts: Sequence[int], values: Sequence[Any]
+    ) -> tuple[list[Any], dict[int, tuple[int, int]], Newest] | None:
+        """The sidecar's batch: one point per series, each newer than its series' stored last
+        point (list comprehensions, no per-row call); None for any other batch."""
+        got = list(map(self._last.get, ids))  # a series new or not yet loaded is not there: None
+        if None in got or len(set(ids)) != len(ids):
+            return None
+        prev = cast("list[tuple[int, Any]]", got)
+        if not all(map(operator.lt, [p[0] for p in prev], ts)):
+            return None
+        out = [
+            0.0 if pv is None else None if v is None else v - pv if v >= pv else v
+            for v, (_, pv) in zip(values, prev, strict=True)
+        ]
+        return out, {}, zip(ids, zip(ts, values, strict=True), strict=True)
+
+    def commit(self, newest: Newest) -> None:
+        """Rule 3: the batch was stored; ``newest`` (from :meth:`increases`: only points newer
+        than their series' last one) is now the last point."""
+        self._last.update(newest)
 
     def _load(self, cur: duckdb.DuckDBPyConnection, unknown: set[int]) -> None:
         """The newest stored point of each series of ``unknown``: looked for in the newest two

@@ -232,3 +232,44 @@ def test_a_schema_4_file_gets_its_increases_on_open(tmp_path: Path) -> None:
         assert latency._stored_increases(st.con, "engine_samples")
     assert before.height > 0
     _same(before, after)
+
+
+def test_a_sidecars_scrapes_take_the_one_point_per_series_path(tmp_path: Path) -> None:
+    """One point per series a write, each newer than the last (the sidecar's scrapes): the
+    increases come from the remembered last points, across a reset, a NULL and a reopen."""
+    from collector.increases import LastPoints
+
+    taken = []
+    one_step = LastPoints._one_step
+
+    def spy(self: LastPoints, *a: Any) -> Any:
+        got = one_step(self, *a)
+        taken.append(got is not None)
+        return got
+
+    LastPoints._one_step = spy  # type: ignore[method-assign]
+    try:
+        path = tmp_path / "s.duckdb"
+        st = Store(path)
+        for k in range(60):
+            if k == 30:
+                st.close()
+                st = Store(path)
+            points = {"x": float(k * 7 % 100), "y": None if k == 20 else float(k), "z": float(k // 2)}
+            rows = [
+                {
+                    "ts_ns": BASE + k * NS,
+                    "source": s,
+                    "concept": "generation_tokens_total",
+                    "value": v,
+                    **ENGINE,
+                }
+                for s, v in points.items()
+            ]
+            st.write("engine_samples", frame("engine_samples", rows))
+        rows = _lag_steps(st, "engine_samples", "value")
+        assert len(rows) == 180 and [r[:3] for r in rows] == [(*r[:2], r[3]) for r in rows]
+        st.close()
+    finally:
+        LastPoints._one_step = one_step  # type: ignore[method-assign]
+    assert taken.count(True) >= 55  # all but the first write and the first after the reopen
