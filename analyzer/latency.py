@@ -223,7 +223,7 @@ def _stored_increases(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     return _shared((id(con), "stored_increases", table), ask)
 
 
-def _summed_increases(table: str, described: str, where: str, name: str) -> str:
+def _summed_increases(table: str, described: str, where: str, name: str, every_concept: bool = False) -> str:
     """Rule 9's statement: ``[described..., bin, name]`` summed from the points' stored increases.
 
     The window's points are summed by series and bin in one pass (``b``). The first point of a
@@ -234,15 +234,15 @@ def _summed_increases(table: str, described: str, where: str, name: str) -> str:
     adding 0 for it and the stored increases of the others gave, NULLs included (the first
     point makes that bin's sum non-NULL).
 
-    Parameters in order: the ``where`` filter's (concepts, keys), start ts, bin width, start
-    ts, upper ts, lower ts, start ts, start ts, bin width, start ts, upper ts."""
+    Parameters in order: the ``where`` filter's (concepts unless ``every_concept``, keys), start
+    ts, bin width, start ts, upper ts, lower ts, start ts, start ts, bin width, start ts, upper ts."""
+    concept = "true" if every_concept else f"list_contains({TEXTS}, concept)"
     cols = described.split(", ")
     out = ", ".join([cols[0], "bin", *cols[1:]])
     pts = f"{table}_points WHERE series_id IN (SELECT series_id FROM ser) AND ts_ns > ? AND ts_ns <= ?"
     return f"""
         WITH ser AS (
-            SELECT series_id, {described} FROM {table}_series
-            WHERE list_contains({TEXTS}, concept){where}
+            SELECT series_id, {described} FROM {table}_series WHERE {concept}{where}
         ), b AS (
             SELECT series_id, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin, sum(increase) AS inc
             FROM {pts} GROUP BY ALL
@@ -426,16 +426,20 @@ def counter_increases(
     rollup: bool | None = None,
 ) -> pl.DataFrame:
     """Rule 1 on ``engine_samples`` counters: ``[concept, bin, increase]`` summed over series
-    (rule 6 for ``rollup=None``)."""
+    (rule 6 for ``rollup=None``). Inside :func:`shared_reads` (rule 8), stored increases (rule 9)
+    are summed for every concept of the window at once and each call takes its concepts from
+    that: a report asks for a window's counters five times, a few concepts each time."""
     rollup = rollup_for(con, start_ns, end_ns, bin_s) if rollup is None else rollup
     where, params = _key_filter(keys)
     bin_ns = int(bin_s * NS) if bin_s else max(end_ns - start_ns, 1)
     lower = start_ns - int(lookback_s * NS)
     if _points_of(con, "engine_samples", rollup) and _stored_increases(con, "engine_samples"):  # rule 9
-        sql = _summed_increases("engine_samples", "concept", where, "increase")
-        args = [texts(concepts), *params, start_ns, bin_ns, start_ns, end_ns, lower, start_ns]
-        args += [start_ns, bin_ns, start_ns, end_ns]
-        return _shared((id(con), sql, *args), lambda: con.execute(sql, args).pl())
+        every = _SHARED.get() is not None
+        sql = _summed_increases("engine_samples", "concept", where, "increase", every_concept=every)
+        args = [*([] if every else [texts(concepts)]), *params, start_ns, bin_ns, start_ns, end_ns, lower]
+        args += [start_ns, start_ns, bin_ns, start_ns, end_ns]
+        got = _shared((id(con), sql, *args), lambda: con.execute(sql, args).pl())
+        return got.filter(pl.col("concept").is_in(list(concepts))) if every else got
     if _points_of(con, "engine_samples", rollup):  # rule 7
         inner = _series_increases("engine_samples", "value", "concept", where)
     else:

@@ -86,7 +86,7 @@ def _history() -> list[tuple[str, pl.DataFrame]]:
         writes.append(("engine_samples", _counter("a", "generation_tokens_total", late[i : i + 97])))
     writes.append(("histogram_buckets", _buckets("h", [p for p in h if not p[0] % 40][::-1])))
     writes.append(("engine_samples", _counter("b", "generation_tokens_total", b[::-1])))  # backwards
-    writes.append(("engine_samples", _counter("c", "generation_tokens_total", c)))
+    writes.append(("engine_samples", _counter("c", "prompt_tokens_total", c)))
     writes.append(("engine_samples", _counter("a", "generation_tokens_total", a[100:300])))  # a replay
     return writes
 
@@ -172,7 +172,9 @@ def test_summed_increases_equal_the_lag_statement(
     store: Store, lo: int, hi: int, bin_s: float | None
 ) -> None:
     kw = {"start_ns": BASE + lo * NS, "end_ns": BASE + hi * NS, "bin_s": bin_s}
-    got = _three(store, latency.counter_increases, concepts=["generation_tokens_total"], **kw)
+    got = _three(
+        store, latency.counter_increases, concepts=["generation_tokens_total", "prompt_tokens_total"], **kw
+    )
     assert got["wide"].height > 0
     _same(got["wide"], got["lag"])
     _same(got["wide"], got["sum"])
@@ -193,7 +195,7 @@ def test_a_window_increase_by_hand(store: Store) -> None:
     # (2,990 s, 3,020 s] of "c": 9 at 3,000 s follows 7 at 100 s, outside the look-back (counts 0);
     # the reset to 2 counts 2, then +4: 6
     got = latency.counter_increases(
-        store.con, BASE + 2990 * NS, BASE + 3020 * NS, ["generation_tokens_total"], keys=["c|vllm|0"]
+        store.con, BASE + 2990 * NS, BASE + 3020 * NS, ["prompt_tokens_total"], keys=["c|vllm|0"]
     )
     assert got["increase"].to_list() == [6.0]
 
@@ -273,3 +275,21 @@ def test_a_sidecars_scrapes_take_the_one_point_per_series_path(tmp_path: Path) -
     finally:
         LastPoints._one_step = one_step  # type: ignore[method-assign]
     assert taken.count(True) >= 55  # all but the first write and the first after the reopen
+
+
+@pytest.mark.parametrize("keys", [None, ["a|vllm|0", "c|vllm|0"]])
+def test_a_report_sums_every_counter_once_and_each_call_takes_its_own(store: Store, keys: Any) -> None:
+    """Inside ``shared_reads`` every concept of the window is summed once; each call gets the
+    same rows as alone."""
+    start, end = BASE + 2990 * NS, BASE + 3610 * NS
+    calls = [
+        ["generation_tokens_total"],
+        ["prompt_tokens_total"],
+        ["prompt_tokens_total", "generation_tokens_total"],
+    ]
+    alone = [latency.counter_increases(store.con, start, end, c, keys=keys, bin_s=60.0) for c in calls]
+    with latency.shared_reads():
+        shared = [latency.counter_increases(store.con, start, end, c, keys=keys, bin_s=60.0) for c in calls]
+    for a, b in zip(alone, shared, strict=True):
+        assert a.height > 0
+        _same(a, b)
