@@ -59,6 +59,7 @@ Newest = Iterable[tuple[int, tuple[int, Any]]]
 
 # Rule 1 in SQL over ``c`` (the value), ``prev`` and ``prev_ts`` (the previous point's value and
 # time, NULL for a series' first point: rule 2).
+MANY = 2000  # rows from which a batch's increases are computed with numpy (LastPoints._many)
 STEP_SQL = (
     "CASE WHEN prev_ts IS NULL THEN NULL WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END"
 )
@@ -102,7 +103,9 @@ class LastPoints:
         fast = self._one_step(ids, ts, values)
         if fast is not None:
             return fast
-        self._load(cur, {s for s in ids if s < first_new and s not in self._last})
+        self._load(cur, {s for s in set(ids) if s < first_new and s not in self._last})
+        if len(ts) >= MANY:
+            return self._many(ids, ts, values, first_new)
         n = len(ts)
         ordered = all(ts[i] <= ts[i + 1] for i in range(n - 1))
         order = range(n) if ordered else sorted(range(n), key=ts.__getitem__)
@@ -144,6 +147,53 @@ class LastPoints:
             for v, (_, pv) in zip(values, prev, strict=True)
         ]
         return out, {}, zip(ids, zip(ts, values, strict=True), strict=True)
+
+    def _many(
+        self, ids: Sequence[int], ts: Sequence[int], values: Sequence[Any], first_new: int
+    ) -> tuple[list[Any], dict[int, tuple[int, int]], Newest]:
+        """Rules 1-4 for a large batch (an ingest's or a backfill's), with numpy: the rows sorted
+        by series and time, each row's previous point the row before it in its series, or for a
+        series' first row its stored last point. A series whose first batch row is not newer
+        than its stored last point is late (rule 4: its batch range is computed again after the
+        insert, so its rows' increases here do not matter)."""
+        import numpy as np
+
+        sid, t = np.asarray(ids, dtype=np.int64), np.asarray(ts, dtype=np.int64)
+        x = np.asarray(values, dtype=np.float64)  # None -> NaN; which were None is kept apart
+        null = np.fromiter((v is None for v in values), dtype=bool, count=len(values))
+        order = np.lexsort((t, sid))
+        s, t, x, null = sid[order], t[order], x[order], null[order]
+        first = np.ones(len(s), dtype=bool)
+        first[1:] = s[1:] != s[:-1]
+        starts = np.flatnonzero(first)
+        ends = np.r_[starts[1:], len(s)] - 1
+        prev_x = np.r_[np.nan, x[:-1]]
+        prev_null = np.r_[True, null[:-1]]
+        none = np.zeros(len(s), dtype=bool)  # rows with no previous point (rule 2)
+        late: dict[int, tuple[int, int]] = {}
+        newest: dict[int, tuple[int, Any]] = {}
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):  # once per series
+            series = int(s[a])
+            got = None if series >= first_new else self._last.get(series)
+            if got is None:
+                none[a] = True
+            elif t[a] <= got[0]:
+                late[series] = (int(t[a]), int(t[b]))
+            else:
+                prev_x[a], prev_null[a] = (np.nan, True) if got[1] is None else (got[1], False)
+            if got is None or t[b] > got[0]:
+                newest[series] = (int(t[b]), None if null[b] else float(x[b]))
+        with np.errstate(invalid="ignore"):
+            inc = np.where(prev_null, 0.0, np.where(x >= prev_x, x - prev_x, x))
+        missing = none | (null & ~prev_null)  # NULL: no previous point, or a NULL value after a value
+        got_back = np.empty(len(s), dtype=np.float64)
+        got_back[order] = inc
+        gone = np.zeros(len(s), dtype=bool)
+        gone[order] = missing
+        out: list[Any] = got_back.tolist()
+        for i in np.flatnonzero(gone).tolist():
+            out[i] = None
+        return out, late, newest.items()
 
     def commit(self, newest: Newest) -> None:
         """Rule 3: the batch was stored; ``newest`` (from :meth:`increases`: only points newer

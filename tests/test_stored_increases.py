@@ -91,9 +91,20 @@ def _history() -> list[tuple[str, pl.DataFrame]]:
     return writes
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    path = tmp_path_factory.mktemp("incr") / "s.duckdb"
+@pytest.fixture(scope="module", params=["rows", "numpy"])
+def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    """The history written with the per-row path, and again with every batch on the numpy path."""
+    import collector.increases as increases
+
+    many = increases.MANY
+    increases.MANY = many if request.param == "rows" else 1
+    try:
+        yield from _written(tmp_path_factory.mktemp("incr") / "s.duckdb")
+    finally:
+        increases.MANY = many
+
+
+def _written(path: Path) -> Iterator[Store]:
     writes = _history()
     with Store(path) as st:
         for table, rows in writes[:14]:
