@@ -100,7 +100,7 @@ class LastPoints:
         (first, last ts_ns of its batch rows)}``, rule 4) and the newest points to
         :meth:`commit` once the batch is stored. ``first_new``: series ids from it on were
         created for this batch (no stored point)."""
-        fast = self._one_step(ids, ts, values)
+        fast = self._one_step(ids, ts, values) if len(ts) < MANY else None
         if fast is not None:
             return fast
         self._load(cur, {s for s in set(ids) if s < first_new and s not in self._last})
@@ -160,7 +160,9 @@ class LastPoints:
 
         sid, t = np.asarray(ids, dtype=np.int64), np.asarray(ts, dtype=np.int64)
         x = np.asarray(values, dtype=np.float64)  # None -> NaN; which were None is kept apart
-        null = np.fromiter((v is None for v in values), dtype=bool, count=len(values))
+        null = np.zeros(len(x), dtype=bool)
+        nan = np.flatnonzero(np.isnan(x)).tolist()
+        null[nan] = [values[i] is None for i in nan]
         order = np.lexsort((t, sid))
         s, t, x, null = sid[order], t[order], x[order], null[order]
         first = np.ones(len(s), dtype=bool)
