@@ -99,12 +99,14 @@ def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     many = increases.MANY
     increases.MANY = many if request.param == "rows" else 1
     try:
-        yield from _written(tmp_path_factory.mktemp("incr") / "s.duckdb")
+        st = _written(tmp_path_factory.mktemp("incr") / "s.duckdb")
     finally:
         increases.MANY = many
+    yield st
+    st.close()
 
 
-def _written(path: Path) -> Iterator[Store]:
+def _written(path: Path) -> Store:
     writes = _history()
     with Store(path) as st:
         for table, rows in writes[:14]:
@@ -116,8 +118,7 @@ def _written(path: Path) -> Iterator[Store]:
     assert len(writes) == 26
     for table, rows in writes[20:]:
         st.write(table, rows)
-    yield st
-    st.close()
+    return st
 
 
 def _lag_steps(st: Store, table: str, col: str) -> list[tuple[Any, ...]]:
