@@ -43,6 +43,11 @@ Rules:
     points, per series and bin, with no ``lag`` (no sort): each series' first point in the read
     range (look-back included) counts 0, as its ``lag`` had no previous point (rule 5 there).
     The same rows as rule 7's statement, up to the order floats are added in.
+ 10. Inside :func:`shared_reads`, a statement of rule 9 whose window starts where an earlier
+    one's does, ends no later and is cut in bins that the earlier one's bins divide (the whole
+    15-minute window after its 60 s bins) is regrouped from the earlier result, not read again:
+    the same points, the same first point of each series (the read range starts at the same
+    look-back), so the same sums.
 """
 
 from __future__ import annotations
@@ -198,6 +203,42 @@ def _shared(key: tuple[Any, ...], run: Callable[[], _T]) -> _T:
     return memo[key]
 
 
+def _binned(
+    series: tuple[Any, ...], start_ns: int, end_ns: int, bin_ns: int, run: Callable[[], pl.DataFrame]
+) -> pl.DataFrame:
+    """Rule 10: stored increases of ``series`` (connection, table, filters, window start and
+    look-back) over ``(start, end]`` in ``bin_ns`` bins, from this report's memo when a result
+    with finer bins that divide these, from the same start to the same or a later end, is
+    there (bins ``k`` of width ``b`` regroup as ``k·b // bin_ns``); else ``run()``, kept."""
+    memo = _SHARED.get()
+    if memo is None:
+        return run()
+    known: dict[tuple[int, int], pl.DataFrame] = memo.setdefault(("binned", *series), {})
+    got = known.get((end_ns, bin_ns))
+    if got is not None:
+        return got
+    for (end, b), finer in known.items():
+        if end >= end_ns and bin_ns % b == 0 and (end_ns - start_ns) % b == 0:
+            return _coarser(finer, b, bin_ns, (end_ns - start_ns) // b)
+    got = known[(end_ns, bin_ns)] = run()
+    return got
+
+
+def _coarser(finer: pl.DataFrame, b: int, bin_ns: int, bins: int) -> pl.DataFrame:
+    """Rule 10's regrouping: the first ``bins`` bins of width ``b`` summed into bins of
+    ``bin_ns``, a sum of NULLs staying NULL (as SQL's)."""
+    value = finer.columns[-1]
+    keys = [c for c in finer.columns[:-1] if c != "bin"]
+    x = pl.col(value)
+    return (
+        finer.filter(pl.col("bin") < bins)
+        .with_columns((pl.col("bin") * b // bin_ns).cast(pl.Int64).alias("bin"))
+        .group_by([keys[0], "bin", *keys[1:]], maintain_order=True)
+        .agg(pl.when(x.is_null().all()).then(None).otherwise(x.sum()).alias(value))
+        .sort([keys[0], "bin", *keys[1:]])
+    )
+
+
 def _key_filter(keys: Sequence[str] | None) -> tuple[str, list[Any]]:
     if keys is None:
         return "", []
@@ -326,7 +367,8 @@ def bucket_increases(
         sql = _summed_increases("histogram_buckets", "concept, le", where, "count")
         args = [texts(concepts), *params, start_ns, bin_ns, start_ns, end_ns, lower, start_ns]
         args += [start_ns, bin_ns, start_ns, end_ns]
-        return _shared((id(con), sql, *args), lambda: con.execute(sql, args).pl())
+        series = (id(con), "histogram_buckets", texts(concepts), *params, start_ns, lower)
+        return _binned(series, start_ns, end_ns, bin_ns, lambda: con.execute(sql, args).pl())
     if _points_of(con, "histogram_buckets", rollup):  # rule 7
         inner = _series_increases("histogram_buckets", "cumulative_count", "concept, le", where)
     else:
@@ -438,8 +480,11 @@ def counter_increases(
         sql = _summed_increases("engine_samples", "concept", where, "increase", every_concept=every)
         args = [*([] if every else [texts(concepts)]), *params, start_ns, bin_ns, start_ns, end_ns, lower]
         args += [start_ns, start_ns, bin_ns, start_ns, end_ns]
-        got = _shared((id(con), sql, *args), lambda: con.execute(sql, args).pl())
-        return got.filter(pl.col("concept").is_in(list(concepts))) if every else got
+        if not every:
+            return con.execute(sql, args).pl()
+        series = (id(con), "engine_samples", *params, start_ns, lower)
+        got = _binned(series, start_ns, end_ns, bin_ns, lambda: con.execute(sql, args).pl())
+        return got.filter(pl.col("concept").is_in(list(concepts)))
     if _points_of(con, "engine_samples", rollup):  # rule 7
         inner = _series_increases("engine_samples", "value", "concept", where)
     else:

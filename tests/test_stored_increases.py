@@ -305,3 +305,25 @@ def test_a_report_sums_every_counter_once_and_each_call_takes_its_own(store: Sto
     for a, b in zip(alone, shared, strict=True):
         assert a.height > 0
         _same(a, b)
+
+
+def test_a_report_regroups_finer_bins_it_has_already_summed(store: Store) -> None:
+    """Rule 10 of analyzer.latency: after 60 s bins of (start, end], the whole window and a
+    shorter window from the same start come from those bins, equal to reading them alone."""
+    start = BASE + 2990 * NS
+    asks = [
+        (start + 1200 * NS, 60.0),
+        (start + 1200 * NS, None),
+        (start + 600 * NS, None),
+        (start + 600 * NS, 120.0),
+    ]
+    for fn, kw in (
+        (latency.bucket_increases, {"concepts": ["ttft_seconds"]}),
+        (latency.counter_increases, {"concepts": ["generation_tokens_total", "prompt_tokens_total"]}),
+    ):
+        alone = [fn(store.con, start, end, bin_s=b, **kw) for end, b in asks]
+        with latency.shared_reads():
+            shared = [fn(store.con, start, end, bin_s=b, **kw) for end, b in asks]
+        for a, b in zip(alone, shared, strict=True):
+            assert a.height > 0
+            _same(a, b)
