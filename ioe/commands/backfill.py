@@ -36,6 +36,11 @@ NS = 1_000_000_000
 # default (80 % of RAM) the written blocks stay cached: 7 days of an 8-GPU node peaked at 461 MB
 # resident (bench/results/promsrc.md); the rows go to disk either way.
 MEMORY_LIMIT = "128MB"
+# DuckDB worker threads of the store being filled. The reader is one Python thread and the
+# Prometheus it reads often runs on the same host; a second DuckDB thread only added scheduling
+# cost to each window's sort and insert (2 threads: 1.6x the CPU of 1 for the same rows on the
+# project's 2-core box, bench/results/promsrc.md).
+THREADS = 1
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -154,7 +159,7 @@ def _run(store: Path, settings: Any, specs: list[Any], start_ns: int, end_ns: in
     out: dict[str, Any] = {"store": str(store), "start_ns": start_ns, "end_ns": end_ns, "sources": []}
     out["error"] = ""
     try:
-        st = Store(store, memory_limit=settings.store_memory_limit or MEMORY_LIMIT)
+        st = Store(store, threads=THREADS, memory_limit=settings.store_memory_limit or MEMORY_LIMIT)
     except Exception as exc:
         fail(f"{COMMAND}: {store_problem(store, exc)}")
     with st:
