@@ -54,7 +54,9 @@ import urllib.request
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+import msgspec
 
 from collector.errors import Problem
 from collector.formats import Parsed
@@ -140,7 +142,7 @@ class PromApi:
 
     def query_range(self, query: str, start_ns: int, end_ns: int, step_s: float) -> list[dict[str, Any]]:
         form = [("query", query), ("start", _sec(start_ns)), ("end", _sec(end_ns)), ("step", f"{step_s:g}")]
-        data = self._post("query_range", form)
+        data = self._post("query_range", form, _matrix_json)
         if not isinstance(data, dict) or data.get("resultType") != "matrix":
             kind = data.get("resultType") if isinstance(data, dict) else type(data).__name__
             raise PrometheusError(f"{self._url('query_range')}: {query}: expected a matrix, got {kind!r}")
@@ -152,7 +154,9 @@ class PromApi:
     def _url(self, endpoint: str) -> str:
         return f"{self.base}/api/v1/{endpoint}"
 
-    def _post(self, endpoint: str, form: list[tuple[str, str]]) -> Any:
+    def _post(
+        self, endpoint: str, form: list[tuple[str, str]], loads: Callable[[bytes], Any] = json.loads
+    ) -> Any:
         url = self._url(endpoint)
         what = f"{url} ({dict(form).get('query') or dict(form).get('match[]')})"
         request = urllib.request.Request(
@@ -161,7 +165,7 @@ class PromApi:
         self.requests += 1
         body = self._fetch(request, what)
         try:
-            doc = json.loads(body)
+            doc = loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise PrometheusError(f"{what}: answer is not JSON ({exc}): {body[:120]!r}") from exc
         if not isinstance(doc, dict) or doc.get("status") != "success":
@@ -211,6 +215,38 @@ class PromApi:
             headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
         headers.update(dict(e.headers))
         return headers
+
+
+class _Series(TypedDict, total=False):
+    metric: dict[str, str]
+    values: list[tuple[int | float, float]]
+
+
+class _Data(TypedDict, total=False):
+    resultType: str
+    result: list[_Series]
+
+
+class _Answer(TypedDict, total=False):
+    status: str
+    data: _Data
+    error: str
+    errorType: str
+    warnings: list[str]
+
+
+# A range answer's values are numbers in strings ("42"). msgspec decodes them into floats as it
+# reads (strict=False), ~2x cheaper than a full decode and a float() of each string afterwards;
+# an answer it refuses (a value such as "+Inf" or "x", another shape) is decoded in full by json
+# and keeps its strings, which the matrix parser converts (and names the bad ones) itself.
+_MATRIX = msgspec.json.Decoder(_Answer, strict=False)
+
+
+def _matrix_json(body: bytes) -> Any:
+    try:
+        return _MATRIX.decode(body)
+    except msgspec.MsgspecError:
+        return json.loads(body)
 
 
 def _tls_context(e: Endpoint) -> ssl.SSLContext | None:
