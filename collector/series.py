@@ -16,7 +16,8 @@ store file is kept as:
   - ``T_recent``: ``(ts_ns, series_id, values...)`` in the order written (time order), where
     every write appends;
   - ``T_packed`` and ``T_times``: the points of closed time slices (:data:`SLICE_NS`), packed
-    by the store's maintenance (:func:`pack_statements`). ``T_times`` numbers each distinct
+    by the store's maintenance (:func:`pack_statements`), or written packed by a backfill
+    (:func:`packed_insert_statements`). ``T_times`` numbers each distinct
     timestamp of a slice (``tix``, dense, in time order within the slice); ``T_packed`` holds
     ``(series_id, tix, values...)`` sorted by series, then time. A series' values then sit side
     by side (DuckDB's ALP and RLE compress them), and its times are small consecutive numbers

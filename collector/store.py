@@ -11,7 +11,8 @@ one node's samples: ~12 GB with it, ~3 GB without; ``bench/results/sidecar.md``)
 :meth:`Store._insert_unindexed` keeps the key unique instead. In a store file they are views
 over a series table and the points (:mod:`collector.series`): each description is stored
 once, and a write appends ``(ts_ns, series_id, values)`` to ``T_recent``. Maintenance (and the
-close of a writable file) packs each closed hour of points by series (:meth:`Store.pack`).
+close of a writable file) packs each closed hour of points by series (:meth:`Store.pack`); a
+backfill of the past writes whole hours packed at once (:meth:`Store.write_closed`).
 
 The schema is versioned in ``ioe_schema``: a new file is created at the current version, an
 older file is brought forward by the steps in :data:`MIGRATIONS`.

@@ -370,3 +370,25 @@ def test_closed_rows_repeating_a_key_are_stored_once(tmp_path: Path) -> None:
     assert store.write_closed("gpu_samples", doubled) == 60 * 2
     assert _count(store, "gpu_samples") == 60 * 2 and _count(store, "gpu_samples_recent") == 0
     store.close()
+
+
+def test_a_closed_write_that_fails_part_way_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Store.write_closed rule 1: one transaction. A statement failing after the packed rows are
+    inserted leaves neither packed rows nor times; the same write then goes through whole."""
+    from collector import series
+
+    real = series.packed_insert_statements
+    monkeypatch.setattr(
+        series, "packed_insert_statements", lambda spec, src: [*real(spec, src), "SELECT error('disk full')"]
+    )
+    store = Store(tmp_path / "s.duckdb")
+    with pytest.raises(duckdb.Error, match="disk full"):
+        store.write_closed("gpu_samples", _gpu(0, n_series=2))
+    for table in ("gpu_samples", "gpu_samples_packed", "gpu_samples_times"):
+        assert _count(store, table) == 0
+    monkeypatch.setattr(series, "packed_insert_statements", real)
+    assert store.write_closed("gpu_samples", _gpu(0, n_series=2)) == 60 * 2
+    assert _count(store, "gpu_samples_packed") == 60 * 2 and _count(store, "gpu_samples_times") == 60
+    store.close()

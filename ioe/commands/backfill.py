@@ -12,7 +12,8 @@ Rules:
      backfilled rows under the declared layouts, as it would the sidecar's.
   3. The store's DuckDB buffer pool is capped (:data:`MEMORY_LIMIT`, or ``store_memory_limit``), so
      memory stays bounded however long the range: the reads are bounded by windows
-     (prometheus_api rule 4) and the written rows are not kept cached.
+     (prometheus_api rule 4) and the written rows are not kept cached. The windows' hours are
+     written packed as they come (prometheus_api rule 5), so the close has nothing left to pack.
   4. A bad option or setting is one line and exit 2. A Prometheus that fails mid-way is one line
      naming the URL, the query and what was wrong, and exit 1; the rows written before stay
      (the summary says how many), and running the command again adds only what is missing.
