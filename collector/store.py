@@ -140,10 +140,12 @@ class Store(RowCounts):
         read_only: bool = False,
         threads: int | None = None,
         memory_limit: str | None = None,
+        wal_autocheckpoint: str = WAL_AUTOCHECKPOINT,
     ):
         """``threads``: DuckDB worker threads (default: the CPUs this process may use). A sidecar,
         which mostly inserts small batches, passes 1: extra threads only add scheduling cost.
-        ``memory_limit``: DuckDB's buffer-pool cap (``"64MB"``; default DuckDB's, 80 % of RAM)."""
+        ``memory_limit``: DuckDB's buffer-pool cap (``"64MB"``; default DuckDB's, 80 % of RAM).
+        ``wal_autocheckpoint``: the WAL size that triggers a checkpoint (:data:`WAL_AUTOCHECKPOINT`)."""
         self.path = str(path)
         self.read_only = read_only
         self._lock = threading.RLock()
@@ -155,7 +157,7 @@ class Store(RowCounts):
         if memory_limit:
             self._config["memory_limit"] = memory_limit
         if not read_only:
-            self._config["wal_autocheckpoint"] = WAL_AUTOCHECKPOINT
+            self._config["wal_autocheckpoint"] = wal_autocheckpoint
         attached = not read_only and self.path != ":memory:"
         self._use = f"USE {ATTACHED}" if attached else ""  # makes a new cursor see the store's tables
         self._open()

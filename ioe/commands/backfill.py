@@ -42,6 +42,11 @@ MEMORY_LIMIT = "128MB"
 # cost to each window's sort and insert (2 threads: 1.6x the CPU of 1 for the same rows on the
 # project's 2-core box, bench/results/promsrc.md).
 THREADS = 1
+# WAL size that triggers a checkpoint in the store being filled (DuckDB's default; a collector's
+# store uses 4MB). Each checkpoint rewrites the partly filled last row group of every table a
+# window appended to: at 4MB that was every window's commit, ~10 % of the command's CPU; 16MB
+# costs ~15 MB more resident (2 days of an 8-GPU node: bench/results/promsrc.md).
+WAL_AUTOCHECKPOINT = "16MB"
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -160,7 +165,12 @@ def _run(store: Path, settings: Any, specs: list[Any], start_ns: int, end_ns: in
     out: dict[str, Any] = {"store": str(store), "start_ns": start_ns, "end_ns": end_ns, "sources": []}
     out["error"] = ""
     try:
-        st = Store(store, threads=THREADS, memory_limit=settings.store_memory_limit or MEMORY_LIMIT)
+        st = Store(
+            store,
+            threads=THREADS,
+            memory_limit=settings.store_memory_limit or MEMORY_LIMIT,
+            wal_autocheckpoint=WAL_AUTOCHECKPOINT,
+        )
     except Exception as exc:
         fail(f"{COMMAND}: {store_problem(store, exc)}")
     with st:
