@@ -3,7 +3,7 @@
 Rules (REFERENCE §5), per GPU of the most loaded pipeline stage:
   1. Decode step = max(HBM time, compute time) + communication + a fixed per-step overhead.
      HBM time = (weights/GPU touched + KV of the batch) / (HBM bandwidth × hbm_eff); an MoE step
-     touches only the experts the batch routes to (``min(experts, batch × top_k)``).
+     touches only the distinct experts the batch routes to (note 9, :func:`touched_experts`).
      Compute time = 2 × active params × tokens / (TP·PP) / (dense peak × mfu) + attention FLOPs.
   2. Prefill: 2 × active params × prompt tokens + 2 × layers × ISL² × heads × head_dim (causal
      attention) over the compute roofline, but never less than one read of the weights it
@@ -52,7 +52,12 @@ Rules (REFERENCE §5), per GPU of the most loaded pipeline stage:
      EP all-to-all reaches same-node ranks over NVLink and the others over the NIC, side by side
      (:func:`alltoall_time`); (c) attention-DP ranks are dispatched round-robin and the step
      waits for the busiest one's attention and KV (:func:`attention_dp_share`), while a prompt
-     runs whole on one attention rank. None of these is fitted.
+     runs whole on one attention rank; (d) the MoE block's extra small kernels (router, top-k,
+     token sort, weighted sum) each cost a short kernel's floor (:func:`moe_kernel_time`).
+     Weight reads (note 1) count the expected distinct experts the step's tokens reach,
+     E_local × (1 − (1 − top_k/E)^tokens) (:func:`touched_experts`): at decode batches of a
+     few dozen and more this is nearly every expert. None of these is fitted: each comes from
+     the hardware's or the kernels' published behaviour, cited where the term is defined.
 """
 
 from __future__ import annotations
@@ -262,8 +267,24 @@ def touched_weight_bytes(s: Setup, tokens: int) -> float:
     expert_b = m.expert_params() / (1 if s.layout.ep > 1 else shard) * cap.bytes_per_param(s.precision)
     layers = s.stage_layers * m.moe_layers / m.layers
     all_local = layers * local * expert_b
-    hit = min(local, tokens * m.top_k / shard if s.layout.ep > 1 else tokens * m.top_k)
-    return full - all_local + layers * hit * expert_b
+    return full - all_local + layers * touched_experts(s, tokens) * expert_b
+
+
+def touched_experts(s: Setup, tokens: float) -> float:
+    """Expected distinct routed experts, of those one GPU holds, that ``tokens`` tokens reach in
+    one MoE layer (note 9a): each token picks top_k of E experts, so a given expert is missed by
+    all of them with probability (1 − k/E)^tokens and the GPU's E_local experts see
+    E_local × (1 − (1 − k/E)^tokens). Near E/k tokens and beyond this is nearly all of them:
+    a decode step of a few dozen sequences reads almost every expert's weights, not only the
+    active-parameter share (DeepSpeed-MoE, Rajbhandari et al., ICML 2022, §5: MoE inference at
+    batch must read all expert parameters). With EP the tokens of every rank are dispatched to
+    the GPU's experts, so ``tokens`` is the replica's step batch."""
+    m, lay = s.model, s.layout
+    local = m.experts / lay.ep if lay.ep > 1 else m.experts
+    if tokens <= 0:
+        return 0.0
+    k = min(m.top_k, m.experts)
+    return local * (1 - (1 - k / m.experts) ** tokens)
 
 
 def compute_time(
@@ -308,16 +329,33 @@ def compute_time(
 EXPERT_TILE_TOKENS = 64
 
 
+# The routed-expert block runs kernels a dense MLP (gate-up GEMM, activation, down GEMM) does
+# not: the router's gate GEMM, the top-k softmax, the sort of tokens by expert (vLLM
+# ``moe_align_block_size``; TRT-LLM's permute), and the top-k weighted sum of the experts'
+# outputs (vLLM ``moe_sum``; TRT-LLM's finalize) — four per MoE layer in each engine. At decode
+# each moves a few kB, so it costs the floor of a short kernel on the GPU, launch, ramp-up and
+# drain, which a CUDA graph does not remove: about 3 µs (NVIDIA Technical Blog, "Getting Started
+# with CUDA Graphs", 2019: a few-µs kernel costs ≈3 µs each, graph-launched, back to back).
+MOE_EXTRA_KERNELS = 4
+KERNEL_FLOOR_S = 3e-6
+
+
+def moe_kernel_time(s: Setup) -> float:
+    """Fixed time of the MoE block's extra kernels on one stage (note 9d): MoE layers of the stage
+    × :data:`MOE_EXTRA_KERNELS` × :data:`KERNEL_FLOOR_S`. 0 for a dense model. Not fitted."""
+    if not s.model.is_moe:
+        return 0.0
+    return s.stage_layers * s.model.moe_layers / s.model.layers * MOE_EXTRA_KERNELS * KERNEL_FLOOR_S
+
+
 def expert_gemm_efficiency(s: Setup, tokens: int) -> float:
     """Useful share of the routed-expert GEMM rows: the tokens each touched expert receives over
     those rows padded to :data:`EXPERT_TILE_TOKENS` (note 9). 1 for a dense model."""
     m, lay = s.model, s.layout
     if not m.is_moe or tokens <= 0:
         return 1.0
-    local = m.experts / lay.ep if lay.ep > 1 else m.experts
     pairs = tokens * m.top_k / (lay.ep if lay.ep > 1 else 1)  # token-expert pairs on this GPU
-    touched = min(local, pairs)
-    per_expert = pairs / touched
+    per_expert = pairs / max(touched_experts(s, tokens), 1e-12)
     tile = EXPERT_TILE_TOKENS
     return per_expert / (math.ceil(per_expert / tile) * tile)
 
@@ -413,6 +451,7 @@ def step_time(s: Setup, running: int, ctx_tokens: float, prefill_tokens: float, 
         flops += compute_time(s, round(pre), isl, causal_prefill=True, rank_share=1.0)
     comm = comm_time(s, per_stage + round(pre))
     stage = max(hbm, flops) + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
+    stage += moe_kernel_time(s)
     # host bookkeeping per sequence: with attention-DP each of the TP ranks schedules its own
     # sequences (round-robin: ceil(N / D) on each), side by side
     scheduled = math.ceil(per_stage / lay.tp) if lay.attention_dp else per_stage
@@ -422,6 +461,7 @@ def step_time(s: Setup, running: int, ctx_tokens: float, prefill_tokens: float, 
         "decode_hbm_s": hbm,
         "decode_compute_s": flops,
         **{f"decode_{k}": v for k, v in comm.items()},
+        **({"decode_moe_kernels_s": moe_kernel_time(s)} if s.model.is_moe else {}),
         "decode_step_s": lay.pp * (stage + s.eff.step_overhead_s + s.eff.seq_overhead_s * scheduled)
         + comm.get("pp_send_s", 0.0),
     }
@@ -450,6 +490,7 @@ def prefill_time(s: Setup, tokens: int, isl: int) -> dict[str, float]:
     hbm = touched_weight_bytes(s, tokens) / (s.gpu.hbm_bytes_per_s * s.eff.hbm_eff)
     comm = comm_time(s, tokens)
     stage = max(flops, hbm) + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
+    stage += moe_kernel_time(s)
     return {
         "prefill_compute_s": flops * lay.pp,
         "prefill_hbm_s": hbm * lay.pp,
