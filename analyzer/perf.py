@@ -1,13 +1,17 @@
 """Step-time model: expected TTFT and TPOT of a layout at a batch, with every term shown.
 
 Rules (REFERENCE §5), per GPU of the most loaded pipeline stage:
-  1. Decode step = max(HBM time, compute time) + communication + a fixed per-step overhead.
-     HBM time = (weights/GPU touched + KV of the batch) / (HBM bandwidth × hbm_eff); an MoE step
-     touches only the distinct experts the batch routes to (note 9, :func:`touched_experts`).
-     Compute time = 2 × active params × tokens / (TP·PP) / (dense peak × mfu) + attention FLOPs.
+  1. Decode step = the GPU's kernels + communication + a fixed per-step overhead. The kernels
+     run one after another, each on its own roofline (:func:`roofline`): the non-expert GEMMs
+     take max(their weights' read, their FLOPs), the routed-expert GEMMs likewise, attention
+     max(its KV read, its FLOPs) — so a riding prompt's GEMM FLOPs do not hide the decodes' KV
+     reads. Reads go at HBM bandwidth × hbm_eff; an MoE step reads only the distinct experts
+     the batch routes to (note 9, :func:`touched_experts`). FLOPs: 2 × active params × tokens
+     / (TP·PP) / (dense peak × mfu) + attention FLOPs. ``decode_hbm_s`` and
+     ``decode_compute_s`` are the step's totals of each (they name the wall).
   2. Prefill: 2 × active params × prompt tokens + 2 × layers × ISL² × heads × head_dim (causal
-     attention) over the compute roofline, but never less than one read of the weights it
-     touches (a short prompt on a large or MoE model is HBM-bound).
+     attention) over the compute roofline, each GEMM group never less than one read of the
+     weights it touches (a short prompt on a large or MoE model is HBM-bound).
   3. TP: 2 all-reduces per layer of tokens × hidden × 2 B; ring traffic 2(n−1)/n × message.
      PP: hidden × 2 B per token at each stage boundary; a token crosses all PP stages in turn,
      each running 1/PP of the batch (the pipeline's micro-batches), so PP does not shorten TPOT.
@@ -258,16 +262,21 @@ class Setup:
 
 def touched_weight_bytes(s: Setup, tokens: int) -> float:
     """Weight bytes per GPU one step reads: all of a dense model; routed experts hit by the batch."""
+    return sum(weight_parts(s, tokens))
+
+
+def weight_parts(s: Setup, tokens: int) -> tuple[float, float]:
+    """(non-expert, routed-expert) weight bytes per GPU one step reads: every non-expert weight,
+    and the routed experts the step's ``tokens`` reach (:func:`touched_experts`)."""
     full = cap.weights_per_gpu(s.model, s.precision, s.layout)
     m = s.model
     if not m.is_moe:
-        return full
+        return full, 0.0
     shard = s.layout.ep if s.layout.ep > 1 else s.layout.tp
     local = m.experts / shard if s.layout.ep > 1 else m.experts
     expert_b = m.expert_params() / (1 if s.layout.ep > 1 else shard) * cap.bytes_per_param(s.precision)
     layers = s.stage_layers * m.moe_layers / m.layers
-    all_local = layers * local * expert_b
-    return full - all_local + layers * touched_experts(s, tokens) * expert_b
+    return full - layers * local * expert_b, layers * touched_experts(s, tokens) * expert_b
 
 
 def touched_experts(s: Setup, tokens: float) -> float:
@@ -290,7 +299,15 @@ def touched_experts(s: Setup, tokens: float) -> float:
 def compute_time(
     s: Setup, tokens: int, ctx_tokens: float, causal_prefill: bool, rank_share: float | None = None
 ) -> float:
-    """GEMM + attention FLOPs of ``tokens`` tokens on one GPU over their dense peaks × mfu (notes 1-2, 9).
+    """GEMM + attention FLOPs of ``tokens`` tokens on one GPU over their dense peaks × mfu (notes 1-2, 9):
+    the sum of :func:`compute_parts`."""
+    return sum(compute_parts(s, tokens, ctx_tokens, causal_prefill, rank_share))
+
+
+def compute_parts(
+    s: Setup, tokens: int, ctx_tokens: float, causal_prefill: bool, rank_share: float | None = None
+) -> tuple[float, float, float]:
+    """(non-expert GEMM, routed-expert GEMM, attention) seconds of ``tokens`` tokens on one GPU.
 
     1. GEMMs run at the weights' precision. A prompt token skips the LM head (the engines compute
        logits only at the positions they sample), so prefill multiplies through the active
@@ -316,9 +333,20 @@ def compute_time(
     if lay.attention_dp:
         share = rank_share if rank_share is not None else 1.0 / lay.tp
         dense = 2 * (params / lay.pp - routed) * tokens * share / peak
-        return dense + expert + attn * share / (s.gpu.peak_flops(kv) * e.mfu_at(kv))
+        return dense, expert, attn * share / (s.gpu.peak_flops(kv) * e.mfu_at(kv))
     dense = 2 * (params / lay.pp - routed) * tokens / (lay.tp * peak)
-    return dense + expert + attn / lay.tp / (s.gpu.peak_flops(kv) * e.mfu_at(kv))
+    return dense, expert, attn / lay.tp / (s.gpu.peak_flops(kv) * e.mfu_at(kv))
+
+
+def roofline(s: Setup, parts: tuple[float, float, float], weights: tuple[float, float], kv: float) -> float:
+    """Time of one stage's kernels, each bound by its own roofline (note 1): the non-expert GEMMs
+    take max(their weights' read, their FLOPs), the routed-expert GEMMs likewise, attention
+    max(its KV read, its FLOPs), one after another. A step runs these as separate kernels in
+    sequence, so one kernel's compute does not hide another's memory traffic (the roofline is
+    per operator — Williams, Waterman & Patterson, CACM 2009; Yuan et al., "LLM Inference
+    Unveiled: Survey and Roofline Model Insights", 2024, sum it over a layer's operators)."""
+    bw = s.gpu.hbm_bytes_per_s * s.eff.hbm_eff
+    return max(weights[0] / bw, parts[0]) + max(weights[1] / bw, parts[1]) + max(kv / bw, parts[2])
 
 
 # Grouped (MoE) GEMMs issue their tensor-core work in M-tiles: Hopper's warpgroup MMA computes
@@ -444,14 +472,17 @@ def step_time(s: Setup, running: int, ctx_tokens: float, prefill_tokens: float, 
     share = attention_dp_share(s, per_stage, ctx_tokens, isl) if lay.attention_dp else 1.0
     if lay.attention_dp:
         kv *= share
-    weights = touched_weight_bytes(s, per_stage + round(pre))
+    parts = weight_parts(s, per_stage + round(pre))
+    weights = sum(parts)
     hbm = (weights + kv) / (s.gpu.hbm_bytes_per_s * s.eff.hbm_eff)
-    flops = compute_time(s, per_stage, ctx_tokens, causal_prefill=False, rank_share=share)
+    ops = compute_parts(s, per_stage, ctx_tokens, causal_prefill=False, rank_share=share)
     if pre > 0:
-        flops += compute_time(s, round(pre), isl, causal_prefill=True, rank_share=1.0)
+        riding = compute_parts(s, round(pre), isl, causal_prefill=True, rank_share=1.0)
+        ops = (ops[0] + riding[0], ops[1] + riding[1], ops[2] + riding[2])
+    flops = sum(ops)
     comm = comm_time(s, per_stage + round(pre))
-    stage = max(hbm, flops) + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
-    stage += moe_kernel_time(s)
+    kernels = roofline(s, ops, parts, kv) + moe_kernel_time(s)
+    stage = kernels + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
     # host bookkeeping per sequence: with attention-DP each of the TP ranks schedules its own
     # sequences (round-robin: ceil(N / D) on each), side by side
     scheduled = math.ceil(per_stage / lay.tp) if lay.attention_dp else per_stage
@@ -460,6 +491,7 @@ def step_time(s: Setup, running: int, ctx_tokens: float, prefill_tokens: float, 
         "kv_read_bytes": kv,
         "decode_hbm_s": hbm,
         "decode_compute_s": flops,
+        "decode_kernels_s": kernels,
         **{f"decode_{k}": v for k, v in comm.items()},
         **({"decode_moe_kernels_s": moe_kernel_time(s)} if s.model.is_moe else {}),
         "decode_step_s": lay.pp * (stage + s.eff.step_overhead_s + s.eff.seq_overhead_s * scheduled)
@@ -485,11 +517,13 @@ def prefill_time(s: Setup, tokens: int, isl: int) -> dict[str, float]:
     # ceil(prompts / ranks) of them (note 9)
     prompts = max(1, math.ceil(tokens / max(isl, 1)))
     share = math.ceil(prompts / lay.tp) / prompts if lay.attention_dp else None
-    flops = compute_time(s, tokens, isl, causal_prefill=True, rank_share=share)
+    ops = compute_parts(s, tokens, isl, causal_prefill=True, rank_share=share)
+    flops = sum(ops)
     # the stage reads its weights (an MoE's experts the prompt routes to) at least once
-    hbm = touched_weight_bytes(s, tokens) / (s.gpu.hbm_bytes_per_s * s.eff.hbm_eff)
+    parts = weight_parts(s, tokens)
+    hbm = sum(parts) / (s.gpu.hbm_bytes_per_s * s.eff.hbm_eff)
     comm = comm_time(s, tokens)
-    stage = max(flops, hbm) + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
+    stage = roofline(s, ops, parts, 0.0) + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
     stage += moe_kernel_time(s)
     return {
         "prefill_compute_s": flops * lay.pp,
