@@ -151,7 +151,7 @@ EFFICIENCY: dict[str, Efficiency] = {  # backend defaults: fitted on h100_sxm ro
     # TRT-LLM 1.0.0rc3 (353 rows) + 1.2.0rc6 (4): Llama-3.1-8B BF16, Qwen3-32B FP8.
     "trtllm": Efficiency(
         mfu=0.65, hbm_eff=0.90, step_overhead_s=2.0e-3, comm_eff=0.7, fp8_kv=True,
-        scheduler="mixed", low_precision_scale=0.6, seq_overhead_s=20e-6, admission="reserve",
+        scheduler="mixed", low_precision_scale=0.6, seq_overhead_s=10e-6, admission="reserve",
     ),
     # vLLM 0.12.0 (94 rows): Qwen3-32B BF16 (90) and FP8 (4).
     "vllm": Efficiency(
@@ -168,7 +168,7 @@ EFFICIENCY: dict[str, Efficiency] = {  # backend defaults: fitted on h100_sxm ro
 PLATFORM_EFFICIENCY: dict[tuple[str, str], Efficiency] = {  # (backend, GPU): fitted on that GPU's rows
     # SGLang 0.5.6 on H200 (46 rows, Llama-3.1-8B FP8).
     ("sglang", "h200_sxm"): Efficiency(
-        mfu=0.65, hbm_eff=0.80, step_overhead_s=5.0e-3, comm_eff=0.7, fp8_kv=False,
+        mfu=0.70, hbm_eff=0.90, step_overhead_s=5.0e-3, comm_eff=0.7, fp8_kv=False,
         scheduler="prefill_first", low_precision_scale=1.0, seq_overhead_s=10e-6,
     ),
     # vLLM 0.12.0 on H200 (21 rows, Llama-3.1-8B FP8).
