@@ -51,17 +51,26 @@ Rules (REFERENCE §5), per GPU of the most loaded pipeline stage:
   8. The live model has no term for a benchmark's harness (its opening burst, its repeated
      prompts, a closed loop's slot handoff): those belong to the harness model in
      ``bench/closed_loop.py``, used only to compare with benchmark rows.
-  9. MoE terms: (a) routed-expert GEMMs are padded to the kernels' M-tile per expert, so an
-     expert receiving few tokens costs a whole tile (:func:`expert_gemm_efficiency`); (b) the
-     EP all-to-all reaches same-node ranks over NVLink and the others over the NIC, side by side
-     (:func:`alltoall_time`); (c) attention-DP ranks are dispatched round-robin and the step
-     waits for the busiest one's attention and KV (:func:`attention_dp_share`), while a prompt
-     runs whole on one attention rank; (d) the MoE block's extra small kernels (router, top-k,
-     token sort, weighted sum) each cost a short kernel's floor (:func:`moe_kernel_time`).
-     Weight reads (note 1) count the expected distinct experts the step's tokens reach,
-     E_local × (1 − (1 − top_k/E)^tokens) (:func:`touched_experts`): at decode batches of a
-     few dozen and more this is nearly every expert. None of these is fitted: each comes from
-     the hardware's or the kernels' published behaviour, cited where the term is defined.
+  9. MoE terms, none fitted (the calibration rows are dense), each from a public source:
+     a. Expert GEMM efficiency at small per-expert batch: each expert's tokens are padded to the
+        kernel's M-tile, so an expert receiving few tokens costs a whole 64-row tile
+        (:func:`expert_gemm_efficiency`; PTX ISA ``wgmma.mma_async`` m64nNk16 shapes, vLLM's
+        ``moe_align_block_size``).
+     b. Expert weight reads: the expected distinct experts the step's T tokens reach,
+        E_local × (1 − (1 − top_k/E)^T) (:func:`touched_experts`) — nearly every expert once T
+        passes a few × E/top_k, so decode reads almost all expert weights, not the active share
+        (DeepSpeed-MoE, Rajbhandari et al., ICML 2022, §5).
+     c. EP all-to-all from the EP degree and the fabric: a token goes once to each remote rank
+        holding one of its experts, same-node ranks over NVLink and the others over the NIC side
+        by side (:func:`remote_ranks`, :func:`alltoall_time`; DeepEP's dispatch/combine kernels).
+     d. Attention-DP imbalance: sequences are dispatched round-robin and the step waits for the
+        busiest rank's attention and KV, √(2 ln D) standard deviations above the mean
+        (:func:`attention_dp_share`; SGLang ``--load-balance-method round_robin``, DeepSeek's
+        inference-system overview on core-attention load balancing); a prompt runs whole on one
+        attention rank.
+     e. The MoE block's four extra short kernels (router GEMM, top-k, token sort, weighted sum)
+        cost a short kernel's floor, 3 µs, per MoE layer (:func:`moe_kernel_time`; NVIDIA
+        Technical Blog, "Getting Started with CUDA Graphs", 2019).
 """
 
 from __future__ import annotations
@@ -281,7 +290,7 @@ def weight_parts(s: Setup, tokens: int) -> tuple[float, float]:
 
 def touched_experts(s: Setup, tokens: float) -> float:
     """Expected distinct routed experts, of those one GPU holds, that ``tokens`` tokens reach in
-    one MoE layer (note 9a): each token picks top_k of E experts, so a given expert is missed by
+    one MoE layer (note 9b): each token picks top_k of E experts, so a given expert is missed by
     all of them with probability (1 − k/E)^tokens and the GPU's E_local experts see
     E_local × (1 − (1 − k/E)^tokens). Near E/k tokens and beyond this is nearly all of them:
     a decode step of a few dozen sequences reads almost every expert's weights, not only the
@@ -369,7 +378,7 @@ KERNEL_FLOOR_S = 3e-6
 
 
 def moe_kernel_time(s: Setup) -> float:
-    """Fixed time of the MoE block's extra kernels on one stage (note 9d): MoE layers of the stage
+    """Fixed time of the MoE block's extra kernels on one stage (note 9e): MoE layers of the stage
     × :data:`MOE_EXTRA_KERNELS` × :data:`KERNEL_FLOOR_S`. 0 for a dense model. Not fitted."""
     if not s.model.is_moe:
         return 0.0
