@@ -17,10 +17,11 @@ import duckdb
 
 from analyzer import catalog, modelcfg, perf, planner, stragglers
 from analyzer.capacity import Layout
-from analyzer.deployments import Deployment, has_points
+from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, has_points, texts
 from analyzer.envelope import analyze_deployment
 from analyzer.latency import shared_reads
 from analyzer.regression import p99_regression
+from analyzer.straggler_backing import expected_segment_us
 from analyzer.thresholds import Thresholds
 
 NS = 1_000_000_000
@@ -73,13 +74,44 @@ def expected_latency_for(dep: Deployment) -> Any:
     return expected
 
 
+def expected_segments_for(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int
+) -> dict[str, float]:
+    """Communicator → the model's compute segment between two TP all-reduces, µs (stragglers
+    rule 7 backs a two-rank verdict with it), for a TP2 deployment whose model and GPU are known.
+
+    The decode step is modelled at the mean ``requests_running`` per engine in the window (1 when
+    none is scraped) and a mean context of 1,152 tokens (a 1,024-token prompt plus half of 256
+    output tokens, the same defaults as :func:`expected_latency_for`)."""
+    if dep.tp != 2 or not dep.comm_ids:
+        return {}
+    try:
+        model, gpu = modelcfg.load(dep.model), catalog.gpu(dep.gpu_type or "h100_sxm")
+    except (KeyError, ValueError, OSError):
+        return {}
+    row = con.execute(
+        "SELECT avg(value) FROM engine_samples WHERE concept = 'requests_running' "
+        "AND ts_ns > ? AND ts_ns <= ? "
+        f"AND list_contains({TEXTS}, {ENGINE_KEY_SQL})",
+        [start_ns, end_ns, texts(dep.engine_keys)],
+    ).fetchone()
+    running = max(1, round(row[0])) if row and row[0] else 1
+    layout = Layout(tp=dep.tp, pp=dep.pp, dp=1, ep=dep.ep)
+    try:
+        seg = expected_segment_us(model, gpu, layout, running, 1024 + 256 / 2)["segment_us"]
+    except (ValueError, ZeroDivisionError):
+        return {}
+    return dict.fromkeys(dep.comm_ids, seg)
+
+
 def straggler_in(
     con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int
 ) -> Mapping[str, Any] | None:
     """The worst straggler on ``dep``'s communicators (the regression's straggler axis), or None."""
     if not dep.comm_ids:
         return None
-    found = stragglers.analyze(con, comm_ids=list(dep.comm_ids))
+    expected = expected_segments_for(con, dep, start_ns, end_ns)
+    found = stragglers.analyze(con, comm_ids=list(dep.comm_ids), expected_us=expected)
     worst = [s for ranks in found["origins"].values() for s in ranks]
     if not worst:
         return None

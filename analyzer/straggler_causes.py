@@ -1,8 +1,10 @@
 """Why a straggler is slow: its GPU's telemetry, counter by counter, against its peers and itself.
 
-Used by :mod:`analyzer.stragglers` once a rank is named. The culprit is the rank's GPU (host,
-index); its peers are the other GPUs of the communicator; the spans are the windows the rank was
-slow in, and its own history is the rest of the communicator's evaluated time.
+Used by :mod:`analyzer.stragglers` once a rank is named; the readers of the hosts' ports, the
+engine's step timing and kernel traces are in :mod:`analyzer.straggler_sources`. The culprit is
+the rank's GPU (host, index); its peers are the other GPUs of the communicator; the spans are
+the windows the rank was slow in, and its own history is the rest of the communicator's
+evaluated time.
 
 How each counter is read (one rule per kind, never a pattern over names, never a difference
 between two different counters):
@@ -21,6 +23,17 @@ between two different counters):
 5. InfiniBand/RoCE (``fabric_samples``, per host): the counters of :data:`IB_ERRORS` and
    :data:`IB_CONGESTION` summed over the host's ports, read as in rule 2; compared only when the
    communicator spans several hosts (a one-host group does not cross the fabric).
+5b. Engine step time (``engine_step_s``): the mean of a per-step latency histogram, Σ rise of
+   its ``_sum`` / Σ rise of its ``_count`` (rule 2, per series): TGI's ``batch_step_seconds``
+   (one observation per forward pass), else ``itl_seconds`` (vLLM and SGLang observe it once
+   per engine step per running request). SGLang's ``forward_busy_seconds_total`` rises by the
+   seconds the GPU runs forward passes: its rise over the elapsed seconds is
+   ``engine_forward_busy_ratio``. The culprit's figures are those of the engines scraped on its
+   host (``targets.host`` of the sample's source) — or, when every series carries a
+   ``tp_rank`` (SGLang exporting from every scheduler), of the series whose ``tp_rank`` is its
+   rank — in its slow windows, against its own history and the median of its peers (the other
+   hosts, or the other ``tp_rank``) in the same windows. An engine whose TP group spans the
+   host's GPUs times the group's step, not one rank's.
 
 Causes, in order; each that fits is listed with its evidence, the first is the verdict:
 
@@ -39,10 +52,15 @@ Causes, in order; each that fits is listed with its evidence, the first is the v
     ≥ ``congestion_ratio`` × theirs.
 12. ``slow_compute`` (kernel traces): the culprit's compute kernels take ≥ ``compute_ratio_min``
     × the peers' median mean time.
-13. ``host_contention``: the GPU idles while its peers wait in the collective: utilization
-    (``gpu_util_ratio``, else ``gr_engine_active_ratio``, else ``sm_active_ratio``) ≥
-    ``util_gap_min`` below the peers' median with a normal clock, or (kernel traces) an idle
-    share of its kernel time ≥ ``util_gap_min`` above the peers'.
+13. ``host_contention``: the GPU idles while its peers wait in the collective, with a normal
+    clock (not rule 8): (a) kernel traces: an idle share of its kernel time ≥ ``util_gap_min``
+    above the peers'; (b) the engine's step timing (rule 5b): the step takes ≥
+    ``compute_ratio_min`` × as long as in its own history (else as its peers') while the GPU
+    idles: its utilization (``gpu_util_ratio``, else ``gr_engine_active_ratio``, else
+    ``sm_active_ratio``) or its engine's forward-busy share is ≥ ``util_gap_min`` below its
+    peers' median or its own history; (c) else, that utilization ≥ ``util_gap_min`` below the
+    peers' median. A slower step with a GPU as busy as before and as its peers is GPU-bound,
+    not host contention.
 14. ``unexplained`` only when none of 6–13 fits.
 """
 
@@ -55,7 +73,20 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analyzer import hta
+from analyzer.straggler_sources import (
+    IB_CONGESTION,
+    IB_ERRORS,
+    Spans,
+    counter_rise,
+    engine_rows,
+    fabric_rows,
+    gauge_mean,
+    in_spans,
+    kernel_rows,
+    load_engine_samples,
+    median_of,
+    row,
+)
 
 GAUGES = (
     "sm_clock_mhz",
@@ -79,16 +110,6 @@ NVLINK_ERRORS = (
     "nvlink_recovery_errors_total",
 )
 COUNTERS = (*ECC, *VIOLATIONS, "pcie_replay_total", *NVLINK_ERRORS)
-IB_ERRORS = (
-    "rx_errors",
-    "symbol_errors",
-    "link_downed",
-    "link_error_recovery",
-    "local_link_integrity_errors",
-    "rx_remote_physical_errors",
-    "excessive_buffer_overrun_errors",
-)
-IB_CONGESTION = ("tx_wait", "tx_discards", "np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled")
 THERMAL_BITS = 0x20 | 0x40  # SW / HW thermal slowdown
 POWER_BITS = 0x4 | 0x80  # SW power cap, HW power brake
 IGNORED_BITS = 0x1 | 0x2 | 0x100  # idle, application clocks, display clock
@@ -118,7 +139,6 @@ class CauseThresholds(Protocol):
 
 
 Gpu = tuple[str, int]
-Spans = list[tuple[int, int]]
 
 
 @dataclass
@@ -158,36 +178,6 @@ def rank_gpus(
 # ---- reading the samples (rules 1–5) -----------------------------------------------------------------
 
 
-def _in(ts: np.ndarray, spans: Spans) -> np.ndarray:
-    mask = np.zeros(ts.size, dtype=bool)
-    for lo, hi in spans:
-        mask |= (ts >= lo) & (ts < hi)
-    return mask
-
-
-def gauge_mean(ts: np.ndarray, v: np.ndarray, spans: Spans) -> float | None:
-    """Rule 1."""
-    sel = _in(ts, spans)
-    return float(v[sel].mean()) if sel.any() else None
-
-
-def counter_rise(ts: np.ndarray, v: np.ndarray, spans: Spans) -> float | None:
-    """Rule 2 for one counter series sorted by time: Σ positive steps inside the spans, each span
-    starting from the last sample before it; None when no span holds two samples to compare."""
-    total, seen = 0.0, False
-    for lo, hi in spans:
-        inside = np.flatnonzero((ts >= lo) & (ts < hi))
-        if inside.size == 0:
-            continue
-        start = inside[0] - 1 if inside[0] > 0 else inside[0]
-        seq = v[start : inside[-1] + 1]
-        if seq.size < 2:
-            continue
-        seen = True
-        total += float(np.clip(np.diff(seq), 0.0, None).sum())
-    return total if seen else None
-
-
 def mask_bits(v: np.ndarray) -> int:
     """Rule 3: bits set in at least half of the samples (ignored bits cleared)."""
     bits = 0
@@ -200,7 +190,7 @@ def mask_bits(v: np.ndarray) -> int:
 def new_xid(ts: np.ndarray, v: np.ndarray, spans: Spans) -> int:
     """Rule 4: the last new XID code inside the spans, 0 if none."""
     code = 0
-    for i in np.flatnonzero(_in(ts, spans)):
+    for i in np.flatnonzero(in_spans(ts, spans)):
         if v[i] != 0 and i > 0 and v[i] != v[i - 1]:
             code = int(v[i])
     return code
@@ -257,28 +247,13 @@ class Telemetry:
     def bits(self, gpu: Gpu, spans: Spans) -> int | None:
         for metric in MASKS:
             got = self.series.get((gpu[0], gpu[1], metric, -1))
-            if got is not None and _in(got[0], spans).any():
-                return mask_bits(got[1][_in(got[0], spans)])
+            if got is not None and in_spans(got[0], spans).any():
+                return mask_bits(got[1][in_spans(got[0], spans)])
         return None
 
     def xid(self, gpu: Gpu, spans: Spans) -> int | None:
         got = self.series.get((gpu[0], gpu[1], "xid_last", -1))
         return None if got is None else new_xid(*got, spans)
-
-
-def _median(values: list[float | None]) -> float | None:
-    vals = [v for v in values if v is not None]
-    return float(np.median(vals)) if vals else None
-
-
-def _row(
-    metric: str, how: str, mine: float | None, peers: float | None, own: float | None = None
-) -> dict[str, Any]:
-    ratio = mine / peers if mine is not None and peers else None
-    row = {"metric": metric, "how": how, "culprit": mine, "peers_median": peers, "ratio": ratio}
-    if own is not None:
-        row["own_history"] = own
-    return row
 
 
 def evidence_rows(
@@ -290,80 +265,19 @@ def evidence_rows(
         mine = tel.gauge(culprit, m, spans)
         if mine is not None:
             own = tel.gauge(culprit, m, history) if history else None
-            rows.append(_row(m, "mean", mine, _median([tel.gauge(p, m, spans) for p in peers]), own))
+            rows.append(row(m, "mean", mine, median_of([tel.gauge(p, m, spans) for p in peers]), own))
     for m in COUNTERS:
         mine = tel.rise(culprit, m, spans)
         if mine is not None:
-            rows.append(_row(m, "rise", mine, _median([tel.rise(p, m, spans) for p in peers])))
+            rows.append(row(m, "rise", mine, median_of([tel.rise(p, m, spans) for p in peers])))
     bits = tel.bits(culprit, spans)
     if bits is not None:
         peer_bits = [b for b in (tel.bits(p, spans) for p in peers) if b is not None]
         common = sum(1 << b for b in range(16) if sum((pb >> b) & 1 for pb in peer_bits) * 2 > len(peer_bits))
-        rows.append(_row("throttle_reasons_mask", "bits", float(bits), float(common)))
+        rows.append(row("throttle_reasons_mask", "bits", float(bits), float(common)))
     xid = tel.xid(culprit, spans)
     if xid is not None:
-        rows.append(_row("xid_last", "new", float(xid), _median([tel.xid(p, spans) for p in peers])))
-    return rows
-
-
-def fabric_rows(
-    con: duckdb.DuckDBPyConnection, host: str, others: list[str], spans: Spans
-) -> list[dict[str, Any]]:
-    """Rule 5: per IB/RoCE counter, the culprit host's rise (all ports) against the other hosts'."""
-    if not others or not spans:
-        return []
-    lo, hi = min(s[0] for s in spans) - 3_600 * 10**9, max(s[1] for s in spans)
-    got = con.execute(
-        "SELECT host, device, port, metric, ts_ns, value FROM fabric_samples WHERE list_contains(?, metric) "
-        "AND list_contains(?, host) AND ts_ns >= ? AND ts_ns < ? ORDER BY ts_ns",
-        [[*IB_ERRORS, *IB_CONGESTION], [host, *others], lo, hi],
-    ).to_arrow_table()
-    df: pl.DataFrame = pl.from_arrow(got)  # type: ignore[assignment]
-    per: dict[tuple[str, str], float] = {}
-    for key, part in df.group_by(["host", "device", "port", "metric"], maintain_order=True):
-        r = counter_rise(part["ts_ns"].to_numpy(), part["value"].to_numpy().astype(float), spans)
-        if r is not None:
-            k = (str(key[0]), str(key[3]))
-            per[k] = per.get(k, 0.0) + r
-    rows = []
-    for m in (*IB_ERRORS, *IB_CONGESTION):
-        if (host, m) in per:
-            rows.append(_row(f"ib_{m}", "rise", per[(host, m)], _median([per.get((o, m)) for o in others])))
-    return rows
-
-
-# ---- kernel traces --------------------------------------------------------------------------------
-
-
-def kernel_rows(con: duckdb.DuckDBPyConnection, origin: str | None, rank: int) -> list[dict[str, Any]]:
-    """Compute-kernel mean time and idle share of the rank's kernel time, vs its peers (Kineto)."""
-    if not origin or not origin.startswith("kineto:"):
-        return []
-    kernels = hta.load_kernels(con, origin.removeprefix("kineto:"))
-    if kernels.height == 0:
-        return []
-    comp, idle = {}, {}
-    for (r,), df in kernels.group_by(["rank"], maintain_order=True):
-        c = df.filter(pl.col("kernel_type") == "COMPUTATION")["dur_us"]
-        if c.len():
-            comp[int(r)] = float(c.mean())  # type: ignore[arg-type]
-        starts, ends = hta.merge_intervals(df["ts_us"].to_numpy(), df["dur_us"].to_numpy())
-        span = float(ends[-1] - starts[0]) if starts.size else 0.0
-        if span > 0:
-            idle[int(r)] = 1.0 - hta.busy(starts, ends) / span
-    rows = []
-    for name, vals in (("compute_kernel_time_ratio", comp), ("gpu_idle_share", idle)):
-        peers = [v for k, v in vals.items() if k != rank]
-        if rank not in vals or not peers:
-            continue
-        med = float(np.median(peers))
-        if name == "compute_kernel_time_ratio":
-            ratio = vals[rank] / med if med else None
-            rows.append(
-                {"metric": name, "how": "mean", "culprit": ratio, "peers_median": 1.0, "ratio": ratio}
-            )
-        else:
-            rows.append(_row(name, "share", vals[rank], med))
+        rows.append(row("xid_last", "new", float(xid), median_of([tel.xid(p, spans) for p in peers])))
     return rows
 
 
@@ -465,22 +379,37 @@ def _lower_link(r: dict[str, Any] | None) -> bool:
 
 def _host_contention(ev: dict[str, dict[str, Any]], th: CauseThresholds, throttled: bool) -> list[str]:
     """Rule 13."""
-    idle = ev.get("gpu_idle_share")
+    kernel = ev.get("gpu_idle_share")
     if (
-        idle
-        and idle["peers_median"] is not None
-        and idle["culprit"] - idle["peers_median"] >= th.util_gap_min
+        kernel
+        and kernel["peers_median"] is not None
+        and kernel["culprit"] - kernel["peers_median"] >= th.util_gap_min
     ):
-        return ["gpu_idle_share"]
+        return ["gpu_idle_share"]  # (a)
+    present = [ev[m] for m in UTIL if m in ev]
+    util = next((u for u in present if u["peers_median"] is not None), present[0] if present else None)
     if throttled:
         return []
-    for m in UTIL:
-        r = ev.get(m)
-        if r and r["peers_median"] is not None:
-            if r["peers_median"] - r["culprit"] >= th.util_gap_min:
-                return [m, "sm_clock_mhz"]
-            return []
+    idle = [
+        r["metric"] for r in (util, ev.get("engine_forward_busy_ratio")) if r and _fell(r, th.util_gap_min)
+    ]
+    step = ev.get("engine_step_s")
+    ref = step and (step.get("own_history") or step["peers_median"])
+    if step and ref and step["culprit"] >= th.compute_ratio_min * ref and idle:
+        return ["engine_step_s", *idle, "sm_clock_mhz"]  # (b)
+    if (
+        util
+        and util["peers_median"] is not None
+        and util["peers_median"] - util["culprit"] >= th.util_gap_min
+    ):
+        return [util["metric"], "sm_clock_mhz"]  # (c)
     return []
+
+
+def _fell(r: dict[str, Any], gap: float) -> bool:
+    """Rule 13 (b): ≥ ``gap`` below the peers' median or its own history."""
+    refs = (r["peers_median"], r.get("own_history"))
+    return any(ref is not None and ref - r["culprit"] >= gap for ref in refs)
 
 
 def explain(
@@ -492,10 +421,11 @@ def explain(
     origin: str | None,
     rank: int,
     th: CauseThresholds,
-    cache: dict[Any, Telemetry] | None = None,
+    cache: dict[Any, Any] | None = None,
 ) -> Verdict:
     """Rules 1–14 for one named rank. ``cache`` keeps the samples read for one set of hosts and
-    time range, so the ranks of one communicator share one query."""
+    time range, so the ranks of one communicator share one query. The engine's samples (rule 5b)
+    are read in the slow windows even when the GPU's are not there (on another clock)."""
     hosts = sorted({culprit[0], *(p[0] for p in peers)})
     allspans = spans + history
     lo = min(s[0] for s in allspans) - 3_600 * 10**9 if allspans else 0
@@ -504,12 +434,19 @@ def explain(
     key = (tuple(hosts), lo, hi)
     if key not in cache:
         cache[key] = Telemetry(_series(load_gpu_samples(con, hosts, lo, hi)))
+        cache[("engine", *key)] = load_engine_samples(con, hosts, lo, hi)
     tel = cache[key]
-    if not any(_in(ts, spans).any() for (h, g, _, _), (ts, _v) in tel.series.items() if (h, g) == culprit):
+    other_hosts = sorted({p[0] for p in peers} - {culprit[0]})
+    engine = engine_rows(
+        cache[("engine", *key)], culprit[0], rank, other_hosts, spans, history
+    )  # its windows
+    if not any(
+        in_spans(ts, spans).any() for (h, g, _, _), (ts, _v) in tel.series.items() if (h, g) == culprit
+    ):
         spans, history = [(0, 2**62)], []  # no sample inside the slow windows: judge on all of them
     rows = evidence_rows(tel, culprit, peers, spans, history)
-    other_hosts = sorted({p[0] for p in peers} - {culprit[0]})
     rows += fabric_rows(con, culprit[0], other_hosts, spans)
+    rows += engine
     rows += kernel_rows(con, origin, rank)
     found = classify(rows, th)
     return Verdict(found[0]["cause"] if found else "unexplained", found, rows)

@@ -53,6 +53,7 @@ class Arrivals:
     late: np.ndarray  # µs after the reference arrival
     slow: np.ndarray  # slowness (0.07 = 7 % longer compute than the reference)
     blame: dict[int, float]  # Σ of the others' waits charged to each instance's last rank
+    segment: np.ndarray | None = None  # rule 2's measured compute segment c_r, µs (NaN: unknown)
 
 
 def nan_median(m: np.ndarray, axis: int = 1) -> np.ndarray:
@@ -165,22 +166,22 @@ def arrivals(part: pl.DataFrame, window_us: float) -> Arrivals | None:
     u = _order(x, ok, cnt)
     with np.errstate(invalid="ignore", divide="ignore"):
         var = np.where(ok & (cnt[:, None] >= 2), (cnt[:, None] + 1) / (12.0 * (cnt[:, None] - 1)), np.nan)
-    slow = _slowness(sn, timed, start, stop, ex, t, x, xref, late, cnt)
+    slow, seg = _slowness(sn, timed, start, stop, ex, t, x, xref, late, cnt)
     first = rmin(np.where(np.isnan(start), t, start))
     window = (np.nan_to_num(first, nan=0.0) // window_us).astype(np.int64)
     xmax = rmax(x)
     per_inst = rsum(np.nan_to_num(xmax[:, None] - x))
     last = np.argmax(np.where(ok, x, -np.inf), axis=1)
     blame = np.bincount(last, weights=per_inst, minlength=ranks.size)
-    return Arrivals(
-        ranks, window, u, var, late, slow, {int(r): float(b) for r, b in zip(ranks, blame, strict=True)}
-    )
+    blamed = {int(r): float(b) for r, b in zip(ranks, blame, strict=True)}
+    return Arrivals(ranks, window, u, var, late, slow, blamed, seg)
 
 
 def _slowness(
     sn: Any, timed: Any, start: Any, stop: Any, ex: Any, t: Any, x: Any, xref: Any, late: Any, cnt: Any
-) -> np.ndarray:
-    """Rule 2: measured segments where the previous instance is ``coll_sn − 1``, else the period."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rule 2: measured segments where the previous instance is ``coll_sn − 1``, else the period;
+    returns (slowness, measured segments in µs)."""
     c = np.full(start.shape, np.nan, order="F")
     prev = np.flatnonzero(np.diff(sn) == 1) + 1
     c[prev] = start[prev] - stop[prev - 1]
@@ -195,7 +196,7 @@ def _slowness(
     base = period - np.nan_to_num(transfer)[:, None] - (rmax(x)[:, None] - xref)
     with np.errstate(invalid="ignore", divide="ignore"):
         estimated = np.where(base > 0, late / base, np.nan)
-    return np.where(np.isfinite(measured), measured, estimated)
+    return np.where(np.isfinite(measured), measured, estimated), c
 
 
 def _slice_median(m: np.ndarray) -> np.ndarray:

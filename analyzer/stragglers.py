@@ -39,9 +39,13 @@ Rule for "straggler" (defaults in :class:`Thresholds`):
    slow in ≥ ``persistent_min`` of the evaluated windows, else ``intermittent``; the windows
    and their contiguous episodes are reported.
 7. With two ranks the test says only which rank the other waits for (a rank that is merely
-   fast would look the same): the rank is named only when its telemetry backs it, against its
-   peer or its own history (a cause other than ``unexplained``, rules of
-   :mod:`analyzer.straggler_causes`).
+   fast would look the same): the waited-for rank is named only when its own evidence backs it
+   (``backed_by``, rules of :mod:`analyzer.straggler_backing`): its telemetry against its peer
+   or its own history (a cause other than ``unexplained``, :mod:`analyzer.straggler_causes`),
+   its compute segments against its own earlier windows while the peer's did not shrink, or its
+   compute segments against the performance model's expected segment (``expected_us`` per
+   communicator) while its peer runs at the model's pace. A pair where neither holds names
+   nobody.
 
 Blame (reported, no longer a gate): per instance the last rank is charged the sum of the
 others' waits; ``blame_share`` is its part of all blame of the communicator.
@@ -50,6 +54,7 @@ others' waits; ``blame_share`` is its part of all blame of the communicator.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -57,6 +62,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from analyzer import straggler_backing as backing
 from analyzer import straggler_causes as causes
 from analyzer import straggler_stats as stats
 from analyzer.collectives import (
@@ -95,6 +101,7 @@ class Thresholds:
     util_gap_min: float = 0.03
     compute_ratio_min: float = 1.04
     congestion_ratio: float = 2.0
+    model_tolerance: float = 0.15
 
 
 @dataclass
@@ -122,7 +129,9 @@ class Straggler:
     q_value: float = 1.0  # smallest BH-adjusted p of its discoveries (rule 4)
     episodes: list[dict[str, Any]] = field(default_factory=list)  # contiguous slow windows
     causes: list[dict[str, Any]] = field(default_factory=list)  # every cause that fits
-    backed: bool = True  # rule 7: False until the telemetry backs a two-rank verdict
+    backed: bool = True  # rule 7: False until its own evidence backs a two-rank verdict
+    backed_by: list[str] = field(default_factory=list)  # rule 7: telemetry | own_timing | model
+    pair_timing: backing.PairTiming | None = None  # rule 7's segment figures (two ranks only)
     window_s: float = 10.0
     evaluated_span: list[int] = field(default_factory=list)  # first and last evaluated window
 
@@ -229,8 +238,13 @@ def _one_comm(part: pl.DataFrame, th: Thresholds, comm_id: str) -> list[Straggle
     blame = arr.blame
     total = sum(blame.values()) or 1.0
     found = []
+    evaluated_windows = sorted(win["window"].unique().to_list())
     for rank, (slow, pooled) in _named(win, ranks, th).items():
         mine = win.filter((pl.col("rank") == rank) & pl.col("window").is_in(slow))
+        pair = None
+        if n_ranks == 2 and arr.segment is not None:
+            col = int(np.flatnonzero(arr.ranks == rank)[0])
+            pair = backing.pair_timing(arr.segment, arr.window, col, slow, evaluated_windows)
         q = min([float(pooled["q"]), *mine.filter(pl.col("slow"))["q"].to_list()])
         found.append(Straggler(
             rank=rank, kind="persistent" if len(slow) / evaluated >= th.persistent_min else "intermittent",
@@ -241,6 +255,7 @@ def _one_comm(part: pl.DataFrame, th: Thresholds, comm_id: str) -> list[Straggle
             lateness_us=float(np.median(mine["late_us"].to_numpy())),
             z=float(pooled["z"]), q_value=q, episodes=episodes(slow, th.window_s), backed=n_ranks > 2,
             window_s=th.window_s, evaluated_span=[int(win["window"].min()), int(win["window"].max())],  # type: ignore[arg-type]
+            pair_timing=pair,
         ))  # fmt: skip
     return sorted(found, key=lambda s: (-(s.slowness or 0.0), s.rank))
 
@@ -297,18 +312,19 @@ def root_cause(
     th: Thresholds | None = None,
     gpus_of_comm: tuple[dict[int, tuple[str, int]], str] | None = None,
     cache: dict[Any, Any] | None = None,
+    expected_us: float | None = None,
 ) -> Straggler:
     """Fill ``cause``, ``causes``, ``evidence``, ``host``/``gpu`` of ``s`` in place; with two
-    ranks ``backed`` says whether the telemetry backs the verdict (rule 7). ``gpus_of_comm``:
-    :func:`rank_gpus` of the communicator when the caller has it already; ``cache``: telemetry
-    already read for the communicator's GPUs (filled here)."""
+    ranks ``backed`` and ``backed_by`` say whether its own evidence backs the verdict (rule 7).
+    ``gpus_of_comm``: :func:`rank_gpus` of the communicator when the caller has it already;
+    ``cache``: telemetry already read for the communicator's GPUs (filled here);
+    ``expected_us``: the performance model's compute segment for the communicator."""
     th = th or Thresholds()
     gpus, how = gpus_of_comm or rank_gpus(con, origin, mapping, s.comm_id or None)
     s.mapping = how
     if s.rank not in gpus:
         s.cause = "unexplained: rank not mapped to a GPU"
-        s.backed = s.n_ranks > 2
-        return s
+        return _back(s, expected_us, th)
     s.host, s.gpu = gpus[s.rank]
     peers = [g for r, g in gpus.items() if r != s.rank]
     span_ns = th.window_s * 1e9
@@ -318,7 +334,17 @@ def root_cause(
     history = [(e["start_ns"], e["end_ns"]) for e in episodes(rest, th.window_s)]
     verdict = causes.explain(con, (s.host, s.gpu), peers, slow, history, origin, s.rank, th, cache)
     s.cause, s.causes, s.evidence = verdict.cause, verdict.causes, verdict.evidence
-    s.backed = s.n_ranks > 2 or verdict.cause != "unexplained"
+    return _back(s, expected_us, th)
+
+
+def _back(s: Straggler, expected_us: float | None, th: Thresholds) -> Straggler:
+    """Rule 7 for a two-rank communicator (more ranks need no backing)."""
+    if s.n_ranks > 2:
+        s.backed = True
+        return s
+    s.backed_by, rows = backing.backing(s.cause, s.pair_timing, expected_us, th)
+    s.evidence = [*s.evidence, *rows]
+    s.backed = bool(s.backed_by)
     return s
 
 
@@ -328,6 +354,7 @@ def _judged(
     origin: str | None,
     mapping: dict[int, tuple[str, int]] | None,
     th: Thresholds,
+    expected_us: Mapping[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     out = []
     per_comm: dict[str, tuple[dict[int, tuple[str, int]], str]] = {}
@@ -335,7 +362,8 @@ def _judged(
     for s in found:
         if s.comm_id not in per_comm:  # one scan of the communicator's records for all its ranks
             per_comm[s.comm_id] = rank_gpus(con, origin, mapping, s.comm_id or None)
-        root_cause(con, s, origin, mapping, th, per_comm[s.comm_id], telemetry)
+        expected = (expected_us or {}).get(s.comm_id)
+        root_cause(con, s, origin, mapping, th, per_comm[s.comm_id], telemetry, expected)
         if s.backed:
             out.append(asdict(s))
     return out
@@ -347,10 +375,12 @@ def judge(
     origin: str | None,
     mapping: dict[int, tuple[str, int]] | None = None,
     th: Thresholds | None = None,
+    expected_us: Mapping[str, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Rules 1–7 with causes over one origin's records: the named ranks as dicts."""
+    """Rules 1–7 with causes over one origin's records: the named ranks as dicts
+    (``expected_us``: communicator → the model's compute segment, rule 7)."""
     th = th or Thresholds()
-    return _judged(con, find_stragglers(records, th), origin, mapping, th)
+    return _judged(con, find_stragglers(records, th), origin, mapping, th, expected_us)
 
 
 def load_comm(con: duckdb.DuckDBPyConnection, origin: str, comm_id: str) -> pl.DataFrame:
@@ -369,11 +399,13 @@ def analyze(
     mapping: dict[int, tuple[str, int]] | None = None,
     th: Thresholds | None = None,
     comm_ids: list[str] | None = None,
+    expected_us: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Stragglers of one origin (or every origin) with causes, as a dict.
 
     Each communicator is judged on its own (its ranks are numbered within it and its peers are
-    the GPUs it spans); ``comm_ids`` restricts the analysis to some (one deployment's).
+    the GPUs it spans); ``comm_ids`` restricts the analysis to some (one deployment's);
+    ``expected_us``: communicator → the performance model's compute segment (rule 7).
     """
     th = th or Thresholds()
     origins = (
@@ -390,6 +422,6 @@ def analyze(
         for comm in comms:
             if comm_ids is None or comm in comm_ids:
                 found += _one_comm(load_comm(con, o, comm), th, str(comm))
-        judged = _judged(con, found, o, mapping, th)
+        judged = _judged(con, found, o, mapping, th, expected_us)
         result["origins"][o] = sorted(judged, key=lambda f: (-(f["slowness"] or 0.0), -f["blame_us"]))
     return result

@@ -44,7 +44,7 @@ from analyzer.crossover import history_bins
 from analyzer.deployments import ENGINE_KEY_SQL, Deployment, list_deployments
 from analyzer.latency import binned_quantiles, bucket_increases, quantiles_from_increases, window_quantiles
 from analyzer.phases import request_phases
-from analyzer.report import deployment_report, plan_for_deployment
+from analyzer.report import deployment_report, expected_segments_for, plan_for_deployment
 from analyzer.thresholds import Thresholds
 
 NS = 1_000_000_000
@@ -300,13 +300,15 @@ def collectives(
 def stragglers(
     con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, window_s: float
 ) -> dict[str, Any]:
-    """Rule 3: flagged ranks with root causes, and the rank × time blame-share heat map."""
+    """Rule 3: flagged ranks with root causes, and the rank × time blame-share heat map (a TP2
+    pair is backed by the performance model's segment for the deployment, when it has one)."""
     th = strag.Thresholds(window_s=window_s)
     records = collective_records(con, dep, start_ns, end_ns)
     out: dict[str, Any] = {"thresholds": asdict(th), "stragglers": [], "heatmap": []}
+    expected = expected_segments_for(con, dep, start_ns, end_ns) if records.height else {}
     for (origin, _comm), part in records.group_by(["origin", "comm_id"], maintain_order=True):
         # ranks are numbered per communicator: each is judged and mapped within it
-        for found in strag.judge(con, part, str(origin), None, th):
+        for found in strag.judge(con, part, str(origin), None, th, expected):
             out["stragglers"].append({"origin": str(origin), **found})
         waits = rank_waits(part)
         if waits.height:

@@ -189,6 +189,10 @@ class Envelope(_M):
         description="the window's load at chart resolution (complete bins only; warm-up bins left out)",
     )
     computed_at_s: float = Field(description="Unix time the analysis ran (results are cached briefly)")
+    settings: dict[str, Any] = Field({}, description="every analysis setting in force for this answer")
+    settings_from_request: list[str] = Field(
+        [], description="the settings this request gave as query parameters (the rest: the server's)"
+    )
 
 
 class Quantile(_M):

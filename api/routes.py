@@ -15,6 +15,9 @@ Rules:
   6. The default window ends at the newest sample: the refresher's latest cycle's end while it
      runs (so the overview, ``/metrics`` and the routes share its analyses), else the cached
      newest sample time.
+  7. The envelope and the deployment list take any analysis setting as a query parameter for one
+     request (:mod:`api.analysis_params`): validated over the server's settings, cached under its
+     own key, never answered from the refresher's snapshot.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from starlette.concurrency import run_in_threadpool
 
 from analyzer.report import latest_ns
 from api import models, service
+from api.analysis_params import Overrides, analysis_overrides, merged
 from api.cache import MISSING
 from api.faults import fault_kind
 from api.params import (
@@ -162,18 +166,22 @@ def deployment(request: Request, name: NameParam) -> Any:
 
 
 DepDep = Annotated[Any, Depends(deployment)]
+SettingsDep = Annotated[Overrides, Depends(analysis_overrides)]
 
 
 @router.get("/deployments", response_model=models.DeploymentList, summary="Deployments at a glance")
-def list_deployments(request: Request, s: SpanDep) -> dict[str, Any]:
-    """Every deployment (declared, then inferred) with its zone, p99s, KV headroom, Cp and stragglers."""
+def list_deployments(request: Request, s: SpanDep, given: SettingsDep) -> dict[str, Any]:
+    """Every deployment (declared, then inferred) with its zone, p99s, KV headroom, Cp and stragglers.
+
+    Any analysis setting may be given as a query parameter for this request (:mod:`api.analysis_params`)."""
+    merged(analysis_settings(request.app), given)  # refused before any analysis runs
     deps = cached(request, ("deployments",), service.deployments)
-    return {"window": s.window(), "deployments": [_row(request, d, s) for d in deps]}
+    return {"window": s.window(), "deployments": [_row(request, d, s, given) for d in deps]}
 
 
-def _row(request: Request, dep: Any, s: Span) -> dict[str, Any]:
+def _row(request: Request, dep: Any, s: Span, given: Overrides = ()) -> dict[str, Any]:
     try:
-        env = _envelope(request, dep, s)
+        env = envelope_of(request.app, dep, s, given)
         strag = _stragglers(request, dep, s, STRAGGLER_SLICE_S)
     except (duckdb.Error, ValueError, KeyError) as exc:  # one broken deployment must not hide the rest
         return {"deployment": dep.summary(), "glance": {"error": str(exc).splitlines()[0]}}
@@ -185,17 +193,22 @@ def _row(request: Request, dep: Any, s: Span) -> dict[str, Any]:
     return {"deployment": dep.summary(), "glance": glance}
 
 
-def envelope_of(app: Any, dep: Any, s: Span) -> dict[str, Any]:
+def envelope_of(app: Any, dep: Any, s: Span, given: Overrides = ()) -> dict[str, Any]:
     """The envelope report (shared by the route, the overview and ``/metrics``): the refresher's
-    when it holds this span (rule 6), else cached."""
+    when it holds this span and the request sets no analysis setting (rule 6), else cached under
+    the settings' own key."""
     refresher = getattr(app.state, "refresher", None)
-    snap = refresher.get(("envelope", dep.name)) if refresher is not None else None
+    snap = refresher.get(("envelope", dep.name)) if refresher is not None and not given else None
     if snap is not None and snap.value["window"]["start_ns"] == s.start_ns and snap.end_ns == s.end_ns:
         return snap.value  # type: ignore[no-any-return]
+    th = merged(analysis_settings(app), given)
     return cached_on(
         app,
-        ("envelope", dep.name, s),
-        lambda c: service.envelope(c, dep, s.start_ns, s.end_ns, analysis_settings(app)),
+        ("envelope", dep.name, s, given),
+        lambda c: {
+            **service.envelope(c, dep, s.start_ns, s.end_ns, th),
+            "settings_from_request": [k for k, _ in given],
+        },
     )  # type: ignore[no-any-return]
 
 
@@ -210,8 +223,8 @@ def stragglers_of(app: Any, dep: Any, s: Span, slice_s: float) -> dict[str, Any]
                      lambda c: service.stragglers(c, dep, s.start_ns, s.end_ns, slice_s))  # fmt: skip
 
 
-def _envelope(request: Request, dep: Any, s: Span) -> dict[str, Any]:
-    return envelope_of(request.app, dep, s)
+def _envelope(request: Request, dep: Any, s: Span, given: Overrides = ()) -> dict[str, Any]:
+    return envelope_of(request.app, dep, s, given)
 
 
 def ready_answer(
@@ -259,24 +272,38 @@ def _in_background(app: Any, key: tuple[Any, ...], refresh: Callable[[], Any]) -
     task.add_done_callback(app.state.tasks.discard)
 
 
-_DEFAULTS: dict[str, tuple[Any, ...]] = {"envelope": (), "latency": (DEFAULT_POINTS,)}
+_DEFAULTS: dict[str, tuple[Any, ...]] = {"envelope": ((),), "latency": (DEFAULT_POINTS,)}
 
 
 @router.get("/deployments/{name:path}/envelope", response_model=models.Envelope, summary="Envelope verdict")
 async def envelope(
-    request: Request, name: NameParam, window: WindowParam = DEFAULT_WINDOW, at: AtParam = None
+    request: Request,
+    name: NameParam,
+    given: SettingsDep,
+    window: WindowParam = DEFAULT_WINDOW,
+    at: AtParam = None,
 ) -> Response:
     """Zone with every signal as evidence, Cp (24 h history), headroom per axis, p99 regressions.
 
     The default window (15 min ending at the newest sample) is precomputed on a schedule when the
-    server runs a refresher: such answers carry ``Age`` and ``Cache-Control: max-age`` headers."""
-    got = ready_answer(request, "envelope", name, window, at)
-    return got if got is not None else await run_in_threadpool(_envelope_route, request, name, window, at)
+    server runs a refresher: such answers carry ``Age`` and ``Cache-Control: max-age`` headers.
+    Any analysis setting may be given as a query parameter (``?bin_s=30``): such a request is
+    computed under the server's settings with those fields replaced, never read from the snapshot;
+    ``settings`` in the answer holds every value in force."""
+    merged(analysis_settings(request.app), given)  # a bad setting is a 400 before anything runs
+    got = ready_answer(request, "envelope", name, window, at, given)
+    if got is not None:
+        return got
+    return await run_in_threadpool(_envelope_route, request, name, window, at, given)
 
 
-def _envelope_route(request: Request, name: str, window: str, at: str | None) -> Response:
+def _envelope_route(
+    request: Request, name: str, window: str, at: str | None, given: Overrides = ()
+) -> Response:
     dep, s = deployment(request, name), span(request, window, at)
-    return as_json(request, ("envelope", dep.name, s), models.Envelope, lambda: _envelope(request, dep, s))
+    return as_json(
+        request, ("envelope", dep.name, s, given), models.Envelope, lambda: _envelope(request, dep, s, given)
+    )
 
 
 @router.get("/deployments/{name:path}/latency", response_model=models.Latency, summary="Latency quantiles")

@@ -18,7 +18,9 @@ Three stores of the same samples:
    writer thread's flush; ``Store.maintain`` every 60 s of the workload's clock, as the agent
    runs it, and once more an hour after the last scrape (the hour is then closed).
 2. **ingest**: the scrapes as files ``scrape-NNNNN.prom`` stamped (mtime) with their scrape
-   time, imported by ``python -m ioe ingest DIR --store FILE`` in a child process.
+   time, imported by ``python -m ioe ingest DIR --store FILE --target node0:9400`` in a child
+   process (periodic captures of one endpoint: one source, as the sidecar's scrapes are);
+   ``--ingest-by-path`` leaves ``--target`` out, so each file's series are its own.
 3. **prometheus**: the same samples as OpenMetrics (one family at a time, each sample with its
    timestamp), turned into TSDB blocks by ``promtool tsdb create-blocks-from openmetrics``.
 
@@ -225,11 +227,12 @@ def run_sidecar(tmp: Path, seconds: int, jitter: bool) -> tuple[int, int, float]
     return store_bytes(db), gpu_points(db), took
 
 
-def run_ingest(tmp: Path, scrape_dir: Path) -> tuple[int, int, float]:
+def run_ingest(tmp: Path, scrape_dir: Path, by_path: bool = False) -> tuple[int, int, float]:
     """Path 2: ``ioe ingest`` of the scrape files in a child process."""
     db = tmp / "ingest.duckdb"
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "ioe", "ingest", str(scrape_dir), "--store", str(db), "--no-progress"]
+    cmd += [] if by_path else ["--target", "node0:9400"]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     took = time.perf_counter() - t0
     return store_bytes(db), gpu_points(db), took
@@ -253,6 +256,7 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=HOURS)
     ap.add_argument("--grid", action="store_true", help="scrapes exactly on the second (no jitter)")
     ap.add_argument("--keep", type=Path, help="keep the last round's stores and blocks here")
+    ap.add_argument("--ingest-by-path", action="store_true", help="ingest without --target (series per file)")
     args = ap.parse_args()
     seconds = int(args.hours * 3600)
     clock = "on the second" if args.grid else "with the loop's jitter"
@@ -274,7 +278,7 @@ def main() -> None:
                 elif name == "sidecar":
                     size, stored, took = run_sidecar(tmp, seconds, not args.grid)
                 else:
-                    size, stored, took = run_ingest(tmp, scrape_dir)
+                    size, stored, took = run_ingest(tmp, scrape_dir, args.ingest_by_path)
                 if stored != samples:
                     raise SystemExit(f"{name}: {stored} samples stored, {samples} written")
                 rows[name].append(size / samples)

@@ -10,6 +10,11 @@ Rules:
    (``node0/metrics.prom``, or the path as given for a file argument), and a file without
    timestamps is stamped with its modification time unless the context gives one
    (``ctx.ts_ns`` 0 means "the file's"), so importing the same files again adds no row.
+   With ``ctx.target`` (``ioe ingest --target``) every file is a capture of that one scrape
+   target, and its series are named by the target: a folder of 3,600 per-second scrapes of one
+   endpoint holds each series once with 3,600 points, not 3,600 one-point series. Two files
+   of one target stamped alike would be one scrape twice: a stated ``--ts`` over several files
+   is refused for it (:func:`check_target`).
 4. Problems are bounded: at most :data:`MAX_PROBLEMS_PER_FILE` are listed and stored in
    ``ingest_errors`` per file; one more problem counts the rest. A file of 10 lines or more
    whose refused lines are more than :data:`BAD_SHARE` of its lines gets a problem that says
@@ -87,6 +92,18 @@ def iter_files(paths: Iterable[str | Path]) -> Iterator[tuple[Path, str]]:
             raise FileNotFoundError(f"ingest: no such file or directory: {p}")
 
 
+def check_target(paths: Iterable[str | Path], ctx: IngestContext) -> None:
+    """Rule 3: one target with one stated capture time fits one file only (else ValueError)."""
+    if not (ctx.target and ctx.ts_given):
+        return
+    files = list(iter_files(paths))
+    if len(files) > 1:
+        raise ValueError(
+            f"--target {ctx.target!r} with --ts stamps {len(files)} files of one target alike "
+            "(one scrape many times): drop --ts to stamp each file with its modification time"
+        )
+
+
 def detect(path: Path, formats: list[FileFormat]) -> FileFormat | None:
     head = read_head(path)
     for fmt in formats:
@@ -142,7 +159,7 @@ def ingest_paths(
                 progress(path, 0, True)
             continue
         one = _FileImport(store, path, report, progress)
-        one.run(fmt, replace(ctx, ts_ns=stamp, name=name))
+        one.run(fmt, replace(ctx, ts_ns=stamp, name=ctx.target or name))
         report.files[fmt.name] += 1
         if progress:
             progress(path, one.stored, True)

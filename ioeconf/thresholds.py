@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class Thresholds(BaseModel):
     """Thresholds for zones, network signals, Cp and regressions (units in the names)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     # -- compute zone (REFERENCE §1: tensor ≥ 0.5 and SM ≥ 0.6-0.8) -----------------------------
     compute_tensor_min_ratio: float = Field(
@@ -113,7 +113,10 @@ class Thresholds(BaseModel):
     confidence_penalty_no_collectives: float = Field(default=0.15, ge=0, le=1)
     confidence_penalty_no_histograms: float = Field(default=0.2, ge=0, le=1)
     confidence_penalty_no_engine: float = Field(default=0.35, ge=0, le=1)
-    bin_s: float = Field(default=60.0, gt=0, description="time bin for slopes and trends inside a window")
+    # a bin shorter than the 1 s scrape holds no sample; a day is the longest history bin
+    bin_s: float = Field(
+        default=60.0, ge=1, le=86400, description="time bin for slopes and trends inside a window, seconds"
+    )
     counter_lookback_s: float = Field(
         default=120.0, gt=0, description="how far before a window to find a counter base"
     )
@@ -139,10 +142,16 @@ class Thresholds(BaseModel):
         description="what p99 now is compared with; 'reference' = the pinned window below",
     )
     regression_reference_start_s: float | None = Field(
-        default=None, ge=0, description="pinned baseline window start, Unix seconds ('reference' mode)"
+        default=None,
+        ge=0,
+        le=4102444800,
+        description="pinned baseline window start, Unix seconds ('reference' mode)",
     )
     regression_reference_end_s: float | None = Field(
-        default=None, ge=0, description="pinned baseline window end, Unix seconds ('reference' mode)"
+        default=None,
+        ge=0,
+        le=4102444800,
+        description="pinned baseline window end, Unix seconds ('reference' mode)",
     )
     regression_baseline_min_coverage_ratio: float = Field(
         default=0.5,

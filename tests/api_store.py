@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
 from gen_collectives import SCENARIOS, T0_US, collectives, gpu_samples
 from gen_telemetry import Layout, generate
@@ -93,3 +94,22 @@ def _fabric() -> object:
 
 def dumps(obj: object) -> str:
     return json.dumps(obj, indent=1, default=str)
+
+
+def consistent_settings(case: Any) -> Any:
+    """Keep a generated request's analysis settings inside the one rule its schema cannot state:
+    the pinned reference window goes with ``regression_baseline=reference`` and nothing else
+    (both ends, end after start). A request breaking it is refused with 400, rightly; the schema
+    checks would count that as valid data refused, so such cases are made consistent first."""
+    q = case.query
+    if not isinstance(q, dict):
+        return case
+    ends = ("regression_reference_start_s", "regression_reference_end_s")
+    start, end = (q.get(k) for k in ends)
+    reference = q.get("regression_baseline") == "reference"
+    if reference and not (start is not None and end is not None and end > start):
+        q.pop("regression_baseline")
+    if q.get("regression_baseline") != "reference":
+        for k in ends:
+            q.pop(k, None)
+    return case

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import schemathesis
-from api_store import END_NS, NS, build
+from api_store import END_NS, NS, build, consistent_settings
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 
@@ -241,7 +241,7 @@ def test_envelope_and_latency_conform_to_openapi_with_the_refresher(store: Store
         @given(case=op.as_strategy())
         @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def run(case: schemathesis.Case) -> None:
-            case.call_and_validate()
+            consistent_settings(case).call_and_validate()
 
         run()
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import schemathesis
-from api_store import build
+from api_store import build, consistent_settings
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import positive_data_acceptance
 
@@ -49,6 +49,6 @@ def test_api_conforms_to_its_openapi(api_schema: object) -> None:
             max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None
         )
         def run(case: schemathesis.Case) -> None:
-            case.call_and_validate(excluded_checks=OPAQUE.get(case.path, []))
+            consistent_settings(case).call_and_validate(excluded_checks=OPAQUE.get(case.path, []))
 
         run()

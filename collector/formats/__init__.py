@@ -38,6 +38,9 @@ class IngestContext:
     # (``node0/metrics.prom``), so two nodes' files of one name stay distinct series
     name: str = ""
     ts_given: bool = False
+    # every file is a capture of this one scrape target (a folder of periodic scrapes of one
+    # endpoint): the files' series are one series each, named by it instead of by the file's path
+    target: str = ""
 
 
 @dataclass

@@ -29,7 +29,8 @@ Canonical concepts (``engine_samples.concept`` / ``histogram_buckets.concept``):
   ``estimated_flops_total``, ``estimated_read_bytes_total``, ``estimated_write_bytes_total``
   (per GPU: their ``rate_per_s`` is achieved FLOP/s and HBM bytes/s); NIXL's
   ``kv_transfer_failures_total``, ``kv_transfer_failed_notifications_total``,
-  ``kv_expired_requests_total``.
+  ``kv_expired_requests_total``; SGLang's ``forward_busy_seconds_total`` (seconds the GPU runs
+  forward passes, ``category`` kept: its rate is the share of time busy).
 
 Rules:
 

@@ -119,6 +119,8 @@ FAMILIES: dict[str, Concept] = {
     "sglang:prompt_tokens": Concept("prompt_tokens_total", _C),
     "sglang:generation_tokens": Concept("generation_tokens_total", _C),
     "sglang:cached_tokens": Concept("cached_tokens_total", _C),
+    # seconds the GPU runs forward passes (label category): its rate is the busy share
+    "sglang:forward_execution_seconds": Concept("forward_busy_seconds_total", _C),
     "sglang:num_requests": Concept("requests_total", _C),
     "sglang:num_aborted_requests": Concept("requests_aborted_total", _C),
     "sglang:prompt_tokens_histogram": Concept("request_prompt_tokens", _S),

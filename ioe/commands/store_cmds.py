@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from collector.formats import IngestContext
-from collector.ingest import ingest_paths
+from collector.ingest import check_target, ingest_paths
 from collector.readonly import ReadOnlyQueryError, run_on, statement_text
 from collector.store import Store, StoreError
 from ioe.commands._common import read_connection
@@ -24,6 +24,12 @@ def ingest(
         "--ts",
         help="Capture time (Unix seconds) for inputs without timestamps (default: each file's mtime).",
     ),
+    target: str = typer.Option(
+        "",
+        "--target",
+        help="Every file is a capture of this one scrape target (a folder of periodic scrapes): "
+        "its series are named by it, not by each file's path.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     progress: bool | None = typer.Option(
         None,
@@ -34,15 +40,18 @@ def ingest(
     """Import captured files (format detected from content) and print rows stored per table."""
     from ioe.progress import IngestProgress
 
-    ctx = IngestContext(ts_ns=int(ts * 1e9) if ts else 0, host=host, source="ingest", ts_given=bool(ts))
+    ctx = IngestContext(
+        ts_ns=int(ts * 1e9) if ts else 0, host=host, source="ingest", ts_given=bool(ts), target=target
+    )
     try:
+        check_target(paths, ctx)
         bar = IngestProgress(paths, forced=progress)
         try:
             with Store(store) as st:
                 report = ingest_paths(st, paths, ctx, progress=bar if bar.enabled else None)
         finally:
             bar.close()
-    except (FileNotFoundError, StoreError) as exc:
+    except (FileNotFoundError, StoreError, ValueError) as exc:
         typer.echo(f"ioe ingest: {exc}", err=True)
         raise typer.Exit(2) from exc
     out = {
