@@ -149,8 +149,8 @@ def packed_insert_statements(spec: Table, source: str) -> list[str]:
     (``ts_ns, series_id, values...``, no two sharing a key), all of time slices that hold no
     stored point yet, written straight into the packed form (run in a transaction). Each slice's
     rows are sorted as :func:`pack_statements` sorts them, slice after slice, so every slice's
-    rows hold only its own ``tix`` range (rule 6). The first statement's count is the points
-    written."""
+    rows hold only its own ``tix`` range (rule 6). The second statement (the ``INSERT`` into
+    ``T_packed``) counts the points written."""
     t = spec.name
     return [
         _tix_statement(t, source),
