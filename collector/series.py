@@ -16,7 +16,8 @@ store file is kept as:
   - ``T_recent``: ``(ts_ns, series_id, values...)`` in the order written (time order), where
     every write appends;
   - ``T_packed`` and ``T_times``: the points of closed time slices (:data:`SLICE_NS`), packed
-    by the store's maintenance (:func:`pack_statements`). ``T_times`` numbers each distinct
+    by the store's maintenance (:func:`pack_statements`), or written packed by a backfill
+    (:func:`packed_insert_statements`). ``T_times`` numbers each distinct
     timestamp of a slice (``tix``, dense, in time order within the slice); ``T_packed`` holds
     ``(series_id, tix, values...)`` sorted by series, then time. A series' values then sit side
     by side (DuckDB's ALP and RLE compress them), and its times are small consecutive numbers
@@ -56,7 +57,8 @@ already stores a repeated description once per file.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from itertools import accumulate, chain, repeat
 from typing import TYPE_CHECKING, Any
 
 from collector.batch import Batch, run_on_stream
@@ -152,20 +154,49 @@ def pack_statements(spec: Table, lo_ns: int, hi_ns: int) -> list[str]:
     small memory limit."""
     t, lo, hi = spec.name, int(lo_ns), int(hi_ns)
     window = f"ts_ns >= {lo} AND ts_ns < {hi}"
-    direction = "CASE WHEN p.series_id % 2 = 0 THEN x.tix ELSE -x.tix END"
     return [
-        f"CREATE OR REPLACE TEMP TABLE _tix AS SELECT ts_ns, "
-        f"(SELECT coalesce(max(tix), -1) FROM {times_name(t)}) + row_number() OVER (ORDER BY ts_ns) AS tix "
-        f"FROM (SELECT DISTINCT ts_ns FROM {points_name(t)} WHERE {window})",
+        _tix_statement(t, f"{points_name(t)} WHERE {window}"),
         f"INSERT INTO {packed_name(t)} SELECT p.series_id, x.tix, {_values(spec, 'p.')} "
         f"FROM {points_name(t)} AS p JOIN _tix AS x USING (ts_ns) WHERE p.{window} "
-        f"ORDER BY p.series_id, {direction}",
+        f"ORDER BY p.series_id, {_DIRECTION}",
         f"DELETE FROM {packed_name(t)} WHERE tix IN (SELECT tix FROM {times_name(t)} WHERE {window})",
         f"DELETE FROM {times_name(t)} WHERE {window}",
         f"DELETE FROM {recent_name(t)} WHERE {window}",
         f"INSERT INTO {times_name(t)} SELECT tix, ts_ns FROM _tix ORDER BY tix",
         "DROP TABLE _tix",
     ]
+
+
+def packed_insert_statements(spec: Table, source: str) -> list[str]:
+    """Rule 5 without the detour through ``T_recent``: the points of the table ``source``
+    (``ts_ns, series_id, values...``, no two sharing a key), all of time slices that hold no
+    stored point yet, written straight into the packed form (run in a transaction). Each slice's
+    rows are sorted as :func:`pack_statements` sorts them, slice after slice, so every slice's
+    rows hold only its own ``tix`` range (rule 6). The second statement (the ``INSERT`` into
+    ``T_packed``) counts the points written."""
+    t = spec.name
+    return [
+        _tix_statement(t, source),
+        f"INSERT INTO {packed_name(t)} SELECT p.series_id, x.tix, {_values(spec, 'p.')} "
+        f"FROM {source} AS p JOIN _tix AS x USING (ts_ns) "
+        f"ORDER BY p.ts_ns // {SLICE_NS}, p.series_id, {_DIRECTION}",
+        f"INSERT INTO {times_name(t)} SELECT tix, ts_ns FROM _tix ORDER BY tix",
+        "DROP TABLE _tix",
+    ]
+
+
+# Rule 5: even series' runs by rising tix, odd ones' by falling
+_DIRECTION = "CASE WHEN p.series_id % 2 = 0 THEN x.tix ELSE -x.tix END"
+
+
+def _tix_statement(table: str, source: str) -> str:
+    """The temp table ``_tix``: each distinct ``ts_ns`` of ``source`` (a table, optionally with
+    its ``WHERE``) numbered above every stored ``tix``, densely in time order."""
+    return (
+        f"CREATE OR REPLACE TEMP TABLE _tix AS SELECT ts_ns, (SELECT coalesce(max(tix), -1) "
+        f"FROM {times_name(table)}) + row_number() OVER (ORDER BY ts_ns) AS tix "
+        f"FROM (SELECT DISTINCT ts_ns FROM {source})"
+    )
 
 
 def delete_before_statements(spec: Table, before_ns: int) -> list[str]:
@@ -228,9 +259,19 @@ class SeriesIndex:
         self._next = 0
         self.first_new = 0  # the first id :meth:`ids` gave in its last call (ids from it on are new)
 
-    def ids(self, cur: duckdb.DuckDBPyConnection, cols: dict[str, Sequence[Any]]) -> list[int]:
+    def ids(
+        self,
+        cur: duckdb.DuckDBPyConnection,
+        cols: Mapping[str, Sequence[Any]],
+        runs: Sequence[int] | None = None,
+    ) -> list[int]:
         """The ``series_id`` of each row of ``cols`` (the wide table's columns); series seen for
-        the first time are inserted into ``T_series`` first (a NULL key column raises there)."""
+        the first time are inserted into ``T_series`` first (a NULL key column raises there).
+        ``runs``: the rows come in runs of one series each (Batch rule 5), looked up once a run."""
+        if runs is not None:
+            starts = [0, *accumulate(runs)][:-1]
+            firsts = {c: [cols[c][i] for i in starts] for c in self.spec.series_columns}
+            return list(chain.from_iterable(map(repeat, self.ids(cur, firsts), runs)))
         known = self._load(cur)
         self.first_new = self._next
         names = self.spec.series_columns

@@ -327,3 +327,22 @@ def test_a_report_regroups_finer_bins_it_has_already_summed(store: Store) -> Non
         for a, b in zip(alone, shared, strict=True):
             assert a.height > 0
             _same(a, b)
+
+
+def test_a_backfill_of_closed_slices_packs_points_with_their_increases(tmp_path: Path) -> None:
+    """``Store.write_closed`` forward in time packs each batch at once (fresh slices); a batch
+    written after them into the past is late and repaired. Every stored step is the lag step."""
+    with Store(tmp_path / "s.duckdb") as st:
+        for hour in range(3):  # forward: each batch in slices holding no point yet
+            pts = [
+                (k, float(10 * k if k < 5000 else k - 5000))
+                for k in range(hour * 3600, (hour + 1) * 3600, 15)
+            ]
+            st.write_closed("engine_samples", _counter("a", "generation_tokens_total", pts))
+        packed = st.con.execute("SELECT count(*), count(increase) FROM engine_samples_packed").fetchone()
+        assert packed == (720, 719)  # straight into the packed form, only the first point unknown
+        early = [(k, float(k)) for k in range(-3600 + 7, 0, 15)]
+        st.write_closed("engine_samples", _counter("a", "generation_tokens_total", early[::-1]))
+        rows = _lag_steps(st, "engine_samples", "value")
+        assert len(rows) == 720 + len(early)
+        assert [r[:3] for r in rows] == [(*r[:2], r[3]) for r in rows]
