@@ -38,6 +38,16 @@ Rules:
     connection, window, series, concepts, bins, look-back and source answers from its first
     run: a report reads its window's histograms for the envelope and again for the regression,
     and a 24 h window's 60 s bins for the envelope's ramp test and again for Cp.
+ 9. Where the points also keep each point's increase (a store file at schema 5:
+    :mod:`collector.increases`), a window's increase is a plain sum of the stored increases of its
+    points, per series and bin, with no ``lag`` (no sort): each series' first point in the read
+    range (look-back included) counts 0, as its ``lag`` had no previous point (rule 5 there).
+    The same rows as rule 7's statement, up to the order floats are added in.
+ 10. Inside :func:`shared_reads`, a statement of rule 9 whose window starts where an earlier
+    one's does, ends no later and is cut in bins that the earlier one's bins divide (the whole
+    15-minute window after its 60 s bins) is regrouped from the earlier result, not read again:
+    the same points, the same first point of each series (the read range starts at the same
+    look-back), so the same sums.
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import numpy as np
@@ -170,7 +180,8 @@ def table_sql(name: str, rollup: bool) -> str:
     return name.replace("engine_gauges", "engine_samples")
 
 
-_SHARED: ContextVar[dict[tuple[Any, ...], pl.DataFrame] | None] = ContextVar("ioe_shared_reads", default=None)
+_SHARED: ContextVar[dict[tuple[Any, ...], Any] | None] = ContextVar("ioe_shared_reads", default=None)
+_T = TypeVar("_T")
 
 
 @contextmanager
@@ -183,13 +194,49 @@ def shared_reads() -> Iterator[None]:
         _SHARED.reset(token)
 
 
-def _shared(key: tuple[Any, ...], run: Callable[[], pl.DataFrame]) -> pl.DataFrame:
+def _shared(key: tuple[Any, ...], run: Callable[[], _T]) -> _T:
     memo = _SHARED.get()
     if memo is None:
         return run()
     if key not in memo:
         memo[key] = run()
     return memo[key]
+
+
+def _binned(
+    series: tuple[Any, ...], start_ns: int, end_ns: int, bin_ns: int, run: Callable[[], pl.DataFrame]
+) -> pl.DataFrame:
+    """Rule 10: stored increases of ``series`` (connection, table, filters, window start and
+    look-back) over ``(start, end]`` in ``bin_ns`` bins, from this report's memo when a result
+    with finer bins that divide these, from the same start to the same or a later end, is
+    there (bins ``k`` of width ``b`` regroup as ``k·b // bin_ns``); else ``run()``, kept."""
+    memo = _SHARED.get()
+    if memo is None:
+        return run()
+    known: dict[tuple[int, int], pl.DataFrame] = memo.setdefault(("binned", *series), {})
+    got = known.get((end_ns, bin_ns))
+    if got is not None:
+        return got
+    for (end, b), finer in known.items():
+        if end >= end_ns and bin_ns % b == 0 and (end_ns - start_ns) % b == 0:
+            return _coarser(finer, b, bin_ns, (end_ns - start_ns) // b)
+    got = known[(end_ns, bin_ns)] = run()
+    return got
+
+
+def _coarser(finer: pl.DataFrame, b: int, bin_ns: int, bins: int) -> pl.DataFrame:
+    """Rule 10's regrouping: the first ``bins`` bins of width ``b`` summed into bins of
+    ``bin_ns``, a sum of NULLs staying NULL (as SQL's)."""
+    value = finer.columns[-1]
+    keys = [c for c in finer.columns[:-1] if c != "bin"]
+    x = pl.col(value)
+    return (
+        finer.filter(pl.col("bin") < bins)
+        .with_columns((pl.col("bin") * b // bin_ns).cast(pl.Int64).alias("bin"))
+        .group_by([keys[0], "bin", *keys[1:]], maintain_order=True)
+        .agg(pl.when(x.is_null().all()).then(None).otherwise(x.sum()).alias(value))
+        .sort([keys[0], "bin", *keys[1:]])
+    )
 
 
 def _key_filter(keys: Sequence[str] | None) -> tuple[str, list[Any]]:
@@ -200,7 +247,59 @@ def _key_filter(keys: Sequence[str] | None) -> tuple[str, list[Any]]:
 
 def _points_of(con: duckdb.DuckDBPyConnection, table: str, rollup: bool) -> bool:
     """Rule 7: whether ``table`` is read from its points table here (series layout, raw rows)."""
-    return not rollup and has_points(con, table)
+    return not rollup and _shared((id(con), "has_points", table), lambda: has_points(con, table))
+
+
+def _stored_increases(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """Rule 9: whether the points of ``table`` keep each point's increase here (asked once per
+    report: rule 8; a catalog query costs ~30 ms on a busy machine)."""
+
+    def ask() -> bool:
+        row = con.execute(
+            "SELECT count(*) FROM information_schema.columns WHERE table_catalog = current_database() "
+            f"AND table_name = '{table}_points' AND column_name = 'increase'"
+        ).fetchone()
+        return bool(row and row[0])
+
+    return _shared((id(con), "stored_increases", table), ask)
+
+
+def _summed_increases(table: str, described: str, where: str, name: str, every_concept: bool = False) -> str:
+    """Rule 9's statement: ``[described..., bin, name]`` summed from the points' stored increases.
+
+    The window's points are summed by series and bin in one pass (``b``). The first point of a
+    series in the read range counts 0: for a series with a point in the look-back that point is
+    before the window, so nothing is taken out; for the others (``fresh``: a series that
+    started inside the window or came back after a gap, usually none) their first point in the
+    window (``f``) is taken back out of its bin, ``coalesce(sum, 0) - coalesce(first, 0)``: what
+    adding 0 for it and the stored increases of the others gave, NULLs included (the first
+    point makes that bin's sum non-NULL).
+
+    Parameters in order: the ``where`` filter's (concepts unless ``every_concept``, keys), start
+    ts, bin width, start ts, upper ts, lower ts, start ts, start ts, bin width, start ts, upper ts."""
+    concept = "true" if every_concept else f"list_contains({TEXTS}, concept)"
+    cols = described.split(", ")
+    out = ", ".join([cols[0], "bin", *cols[1:]])
+    pts = f"{table}_points WHERE series_id IN (SELECT series_id FROM ser) AND ts_ns > ? AND ts_ns <= ?"
+    return f"""
+        WITH ser AS (
+            SELECT series_id, {described} FROM {table}_series WHERE {concept}{where}
+        ), b AS (
+            SELECT series_id, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin, sum(increase) AS inc
+            FROM {pts} GROUP BY ALL
+        ), fresh AS (
+            SELECT series_id FROM ser EXCEPT SELECT DISTINCT series_id FROM {pts}
+        ), f AS (
+            SELECT series_id, CAST((min(ts_ns) - ? - 1) // ? AS BIGINT) AS bin,
+                   arg_min_null(increase, ts_ns) AS inc0
+            FROM {table}_points
+            WHERE series_id IN (SELECT series_id FROM fresh) AND ts_ns > ? AND ts_ns <= ?
+            GROUP BY series_id
+        )
+        SELECT {out}, sum(CASE WHEN f.series_id IS NULL THEN b.inc
+                               ELSE coalesce(b.inc, 0) - coalesce(f.inc0, 0) END) AS {name}
+        FROM b LEFT JOIN f USING (series_id, bin) JOIN ser USING (series_id)
+        GROUP BY ALL ORDER BY {out}"""
 
 
 def _series_increases(table: str, value: str, described: str, where: str) -> str:
@@ -264,6 +363,12 @@ def bucket_increases(
     where, params = _key_filter(keys)
     bin_ns = int(bin_s * NS) if bin_s else max(end_ns - start_ns, 1)
     lower = start_ns - int(lookback_s * NS)
+    if _points_of(con, "histogram_buckets", rollup) and _stored_increases(con, "histogram_buckets"):  # rule 9
+        sql = _summed_increases("histogram_buckets", "concept, le", where, "count")
+        args = [texts(concepts), *params, start_ns, bin_ns, start_ns, end_ns, lower, start_ns]
+        args += [start_ns, bin_ns, start_ns, end_ns]
+        series = (id(con), "histogram_buckets", texts(concepts), *params, start_ns, lower)
+        return _binned(series, start_ns, end_ns, bin_ns, lambda: con.execute(sql, args).pl())
     if _points_of(con, "histogram_buckets", rollup):  # rule 7
         inner = _series_increases("histogram_buckets", "cumulative_count", "concept, le", where)
     else:
@@ -363,11 +468,23 @@ def counter_increases(
     rollup: bool | None = None,
 ) -> pl.DataFrame:
     """Rule 1 on ``engine_samples`` counters: ``[concept, bin, increase]`` summed over series
-    (rule 6 for ``rollup=None``)."""
+    (rule 6 for ``rollup=None``). Inside :func:`shared_reads` (rule 8), stored increases (rule 9)
+    are summed for every concept of the window at once and each call takes its concepts from
+    that: a report asks for a window's counters five times, a few concepts each time."""
     rollup = rollup_for(con, start_ns, end_ns, bin_s) if rollup is None else rollup
     where, params = _key_filter(keys)
     bin_ns = int(bin_s * NS) if bin_s else max(end_ns - start_ns, 1)
     lower = start_ns - int(lookback_s * NS)
+    if _points_of(con, "engine_samples", rollup) and _stored_increases(con, "engine_samples"):  # rule 9
+        every = _SHARED.get() is not None
+        sql = _summed_increases("engine_samples", "concept", where, "increase", every_concept=every)
+        args = [*([] if every else [texts(concepts)]), *params, start_ns, bin_ns, start_ns, end_ns, lower]
+        args += [start_ns, start_ns, bin_ns, start_ns, end_ns]
+        if not every:
+            return con.execute(sql, args).pl()
+        series = (id(con), "engine_samples", *params, start_ns, lower)
+        got = _binned(series, start_ns, end_ns, bin_ns, lambda: con.execute(sql, args).pl())
+        return got.filter(pl.col("concept").is_in(list(concepts)))
     if _points_of(con, "engine_samples", rollup):  # rule 7
         inner = _series_increases("engine_samples", "value", "concept", where)
     else:

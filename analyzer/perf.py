@@ -1,13 +1,17 @@
 """Step-time model: expected TTFT and TPOT of a layout at a batch, with every term shown.
 
 Rules (REFERENCE §5), per GPU of the most loaded pipeline stage:
-  1. Decode step = max(HBM time, compute time) + communication + a fixed per-step overhead.
-     HBM time = (weights/GPU touched + KV of the batch) / (HBM bandwidth × hbm_eff); an MoE step
-     touches only the experts the batch routes to (``min(experts, batch × top_k)``).
-     Compute time = 2 × active params × tokens / (TP·PP) / (dense peak × mfu) + attention FLOPs.
+  1. Decode step = the GPU's kernels + communication + a fixed per-step overhead. The kernels
+     run one after another, each on its own roofline (:func:`roofline`): the non-expert GEMMs
+     take max(their weights' read, their FLOPs), the routed-expert GEMMs likewise, attention
+     max(its KV read, its FLOPs) — so a riding prompt's GEMM FLOPs do not hide the decodes' KV
+     reads. Reads go at HBM bandwidth × hbm_eff; an MoE step reads only the distinct experts
+     the batch routes to (note 9, :func:`touched_experts`). FLOPs: 2 × active params × tokens
+     / (TP·PP) / (dense peak × mfu) + attention FLOPs. ``decode_hbm_s`` and
+     ``decode_compute_s`` are the step's totals of each (they name the wall).
   2. Prefill: 2 × active params × prompt tokens + 2 × layers × ISL² × heads × head_dim (causal
-     attention) over the compute roofline, but never less than one read of the weights it
-     touches (a short prompt on a large or MoE model is HBM-bound).
+     attention) over the compute roofline, each GEMM group never less than one read of the
+     weights it touches (a short prompt on a large or MoE model is HBM-bound).
   3. TP: 2 all-reduces per layer of tokens × hidden × 2 B; ring traffic 2(n−1)/n × message.
      PP: hidden × 2 B per token at each stage boundary; a token crosses all PP stages in turn,
      each running 1/PP of the batch (the pipeline's micro-batches), so PP does not shorten TPOT.
@@ -47,12 +51,26 @@ Rules (REFERENCE §5), per GPU of the most loaded pipeline stage:
   8. The live model has no term for a benchmark's harness (its opening burst, its repeated
      prompts, a closed loop's slot handoff): those belong to the harness model in
      ``bench/closed_loop.py``, used only to compare with benchmark rows.
-  9. MoE terms: (a) routed-expert GEMMs are padded to the kernels' M-tile per expert, so an
-     expert receiving few tokens costs a whole tile (:func:`expert_gemm_efficiency`); (b) the
-     EP all-to-all reaches same-node ranks over NVLink and the others over the NIC, side by side
-     (:func:`alltoall_time`); (c) attention-DP ranks are dispatched round-robin and the step
-     waits for the busiest one's attention and KV (:func:`attention_dp_share`), while a prompt
-     runs whole on one attention rank. None of these is fitted.
+  9. MoE terms, none fitted (the calibration rows are dense), each from a public source:
+     a. Expert GEMM efficiency at small per-expert batch: each expert's tokens are padded to the
+        kernel's M-tile, so an expert receiving few tokens costs a whole 64-row tile
+        (:func:`expert_gemm_efficiency`; PTX ISA ``wgmma.mma_async`` m64nNk16 shapes, vLLM's
+        ``moe_align_block_size``).
+     b. Expert weight reads: the expected distinct experts the step's T tokens reach,
+        E_local × (1 − (1 − top_k/E)^T) (:func:`touched_experts`) — nearly every expert once T
+        passes a few × E/top_k, so decode reads almost all expert weights, not the active share
+        (DeepSpeed-MoE, Rajbhandari et al., ICML 2022, §5).
+     c. EP all-to-all from the EP degree and the fabric: a token goes once to each remote rank
+        holding one of its experts, same-node ranks over NVLink and the others over the NIC side
+        by side (:func:`remote_ranks`, :func:`alltoall_time`; DeepEP's dispatch/combine kernels).
+     d. Attention-DP imbalance: sequences are dispatched round-robin and the step waits for the
+        busiest rank's attention and KV, √(2 ln D) standard deviations above the mean
+        (:func:`attention_dp_share`; SGLang ``--load-balance-method round_robin``, DeepSeek's
+        inference-system overview on core-attention load balancing); a prompt runs whole on one
+        attention rank.
+     e. The MoE block's four extra short kernels (router GEMM, top-k, token sort, weighted sum)
+        cost a short kernel's floor, 3 µs, per MoE layer (:func:`moe_kernel_time`; NVIDIA
+        Technical Blog, "Getting Started with CUDA Graphs", 2019).
 """
 
 from __future__ import annotations
@@ -142,7 +160,7 @@ EFFICIENCY: dict[str, Efficiency] = {  # backend defaults: fitted on h100_sxm ro
     # TRT-LLM 1.0.0rc3 (353 rows) + 1.2.0rc6 (4): Llama-3.1-8B BF16, Qwen3-32B FP8.
     "trtllm": Efficiency(
         mfu=0.65, hbm_eff=0.90, step_overhead_s=2.0e-3, comm_eff=0.7, fp8_kv=True,
-        scheduler="mixed", low_precision_scale=0.6, seq_overhead_s=20e-6, admission="reserve",
+        scheduler="mixed", low_precision_scale=0.6, seq_overhead_s=10e-6, admission="reserve",
     ),
     # vLLM 0.12.0 (94 rows): Qwen3-32B BF16 (90) and FP8 (4).
     "vllm": Efficiency(
@@ -159,7 +177,7 @@ EFFICIENCY: dict[str, Efficiency] = {  # backend defaults: fitted on h100_sxm ro
 PLATFORM_EFFICIENCY: dict[tuple[str, str], Efficiency] = {  # (backend, GPU): fitted on that GPU's rows
     # SGLang 0.5.6 on H200 (46 rows, Llama-3.1-8B FP8).
     ("sglang", "h200_sxm"): Efficiency(
-        mfu=0.65, hbm_eff=0.80, step_overhead_s=5.0e-3, comm_eff=0.7, fp8_kv=False,
+        mfu=0.70, hbm_eff=0.90, step_overhead_s=5.0e-3, comm_eff=0.7, fp8_kv=False,
         scheduler="prefill_first", low_precision_scale=1.0, seq_overhead_s=10e-6,
     ),
     # vLLM 0.12.0 on H200 (21 rows, Llama-3.1-8B FP8).
@@ -253,23 +271,52 @@ class Setup:
 
 def touched_weight_bytes(s: Setup, tokens: int) -> float:
     """Weight bytes per GPU one step reads: all of a dense model; routed experts hit by the batch."""
+    return sum(weight_parts(s, tokens))
+
+
+def weight_parts(s: Setup, tokens: int) -> tuple[float, float]:
+    """(non-expert, routed-expert) weight bytes per GPU one step reads: every non-expert weight,
+    and the routed experts the step's ``tokens`` reach (:func:`touched_experts`)."""
     full = cap.weights_per_gpu(s.model, s.precision, s.layout)
     m = s.model
     if not m.is_moe:
-        return full
+        return full, 0.0
     shard = s.layout.ep if s.layout.ep > 1 else s.layout.tp
     local = m.experts / shard if s.layout.ep > 1 else m.experts
     expert_b = m.expert_params() / (1 if s.layout.ep > 1 else shard) * cap.bytes_per_param(s.precision)
     layers = s.stage_layers * m.moe_layers / m.layers
-    all_local = layers * local * expert_b
-    hit = min(local, tokens * m.top_k / shard if s.layout.ep > 1 else tokens * m.top_k)
-    return full - all_local + layers * hit * expert_b
+    return full - layers * local * expert_b, layers * touched_experts(s, tokens) * expert_b
+
+
+def touched_experts(s: Setup, tokens: float) -> float:
+    """Expected distinct routed experts, of those one GPU holds, that ``tokens`` tokens reach in
+    one MoE layer (note 9b): each token picks top_k of E experts, so a given expert is missed by
+    all of them with probability (1 − k/E)^tokens and the GPU's E_local experts see
+    E_local × (1 − (1 − k/E)^tokens). Near E/k tokens and beyond this is nearly all of them:
+    a decode step of a few dozen sequences reads almost every expert's weights, not only the
+    active-parameter share (DeepSpeed-MoE, Rajbhandari et al., ICML 2022, §5: MoE inference at
+    batch must read all expert parameters). With EP the tokens of every rank are dispatched to
+    the GPU's experts, so ``tokens`` is the replica's step batch."""
+    m, lay = s.model, s.layout
+    local = m.experts / lay.ep if lay.ep > 1 else m.experts
+    if tokens <= 0:
+        return 0.0
+    k = min(m.top_k, m.experts)
+    return local * (1 - (1 - k / m.experts) ** tokens)
 
 
 def compute_time(
     s: Setup, tokens: int, ctx_tokens: float, causal_prefill: bool, rank_share: float | None = None
 ) -> float:
-    """GEMM + attention FLOPs of ``tokens`` tokens on one GPU over their dense peaks × mfu (notes 1-2, 9).
+    """GEMM + attention FLOPs of ``tokens`` tokens on one GPU over their dense peaks × mfu (notes 1-2, 9):
+    the sum of :func:`compute_parts`."""
+    return sum(compute_parts(s, tokens, ctx_tokens, causal_prefill, rank_share))
+
+
+def compute_parts(
+    s: Setup, tokens: int, ctx_tokens: float, causal_prefill: bool, rank_share: float | None = None
+) -> tuple[float, float, float]:
+    """(non-expert GEMM, routed-expert GEMM, attention) seconds of ``tokens`` tokens on one GPU.
 
     1. GEMMs run at the weights' precision. A prompt token skips the LM head (the engines compute
        logits only at the positions they sample), so prefill multiplies through the active
@@ -295,9 +342,20 @@ def compute_time(
     if lay.attention_dp:
         share = rank_share if rank_share is not None else 1.0 / lay.tp
         dense = 2 * (params / lay.pp - routed) * tokens * share / peak
-        return dense + expert + attn * share / (s.gpu.peak_flops(kv) * e.mfu_at(kv))
+        return dense, expert, attn * share / (s.gpu.peak_flops(kv) * e.mfu_at(kv))
     dense = 2 * (params / lay.pp - routed) * tokens / (lay.tp * peak)
-    return dense + expert + attn / lay.tp / (s.gpu.peak_flops(kv) * e.mfu_at(kv))
+    return dense, expert, attn / lay.tp / (s.gpu.peak_flops(kv) * e.mfu_at(kv))
+
+
+def roofline(s: Setup, parts: tuple[float, float, float], weights: tuple[float, float], kv: float) -> float:
+    """Time of one stage's kernels, each bound by its own roofline (note 1): the non-expert GEMMs
+    take max(their weights' read, their FLOPs), the routed-expert GEMMs likewise, attention
+    max(its KV read, its FLOPs), one after another. A step runs these as separate kernels in
+    sequence, so one kernel's compute does not hide another's memory traffic (the roofline is
+    per operator — Williams, Waterman & Patterson, CACM 2009; Yuan et al., "LLM Inference
+    Unveiled: Survey and Roofline Model Insights", 2024, sum it over a layer's operators)."""
+    bw = s.gpu.hbm_bytes_per_s * s.eff.hbm_eff
+    return max(weights[0] / bw, parts[0]) + max(weights[1] / bw, parts[1]) + max(kv / bw, parts[2])
 
 
 # Grouped (MoE) GEMMs issue their tensor-core work in M-tiles: Hopper's warpgroup MMA computes
@@ -308,16 +366,33 @@ def compute_time(
 EXPERT_TILE_TOKENS = 64
 
 
+# The routed-expert block runs kernels a dense MLP (gate-up GEMM, activation, down GEMM) does
+# not: the router's gate GEMM, the top-k softmax, the sort of tokens by expert (vLLM
+# ``moe_align_block_size``; TRT-LLM's permute), and the top-k weighted sum of the experts'
+# outputs (vLLM ``moe_sum``; TRT-LLM's finalize) — four per MoE layer in each engine. At decode
+# each moves a few kB, so it costs the floor of a short kernel on the GPU, launch, ramp-up and
+# drain, which a CUDA graph does not remove: about 3 µs (NVIDIA Technical Blog, "Getting Started
+# with CUDA Graphs", 2019: a few-µs kernel costs ≈3 µs each, graph-launched, back to back).
+MOE_EXTRA_KERNELS = 4
+KERNEL_FLOOR_S = 3e-6
+
+
+def moe_kernel_time(s: Setup) -> float:
+    """Fixed time of the MoE block's extra kernels on one stage (note 9e): MoE layers of the stage
+    × :data:`MOE_EXTRA_KERNELS` × :data:`KERNEL_FLOOR_S`. 0 for a dense model. Not fitted."""
+    if not s.model.is_moe:
+        return 0.0
+    return s.stage_layers * s.model.moe_layers / s.model.layers * MOE_EXTRA_KERNELS * KERNEL_FLOOR_S
+
+
 def expert_gemm_efficiency(s: Setup, tokens: int) -> float:
     """Useful share of the routed-expert GEMM rows: the tokens each touched expert receives over
     those rows padded to :data:`EXPERT_TILE_TOKENS` (note 9). 1 for a dense model."""
     m, lay = s.model, s.layout
     if not m.is_moe or tokens <= 0:
         return 1.0
-    local = m.experts / lay.ep if lay.ep > 1 else m.experts
     pairs = tokens * m.top_k / (lay.ep if lay.ep > 1 else 1)  # token-expert pairs on this GPU
-    touched = min(local, pairs)
-    per_expert = pairs / touched
+    per_expert = pairs / max(touched_experts(s, tokens), 1e-12)
     tile = EXPERT_TILE_TOKENS
     return per_expert / (math.ceil(per_expert / tile) * tile)
 
@@ -406,13 +481,17 @@ def step_time(s: Setup, running: int, ctx_tokens: float, prefill_tokens: float, 
     share = attention_dp_share(s, per_stage, ctx_tokens, isl) if lay.attention_dp else 1.0
     if lay.attention_dp:
         kv *= share
-    weights = touched_weight_bytes(s, per_stage + round(pre))
+    parts = weight_parts(s, per_stage + round(pre))
+    weights = sum(parts)
     hbm = (weights + kv) / (s.gpu.hbm_bytes_per_s * s.eff.hbm_eff)
-    flops = compute_time(s, per_stage, ctx_tokens, causal_prefill=False, rank_share=share)
+    ops = compute_parts(s, per_stage, ctx_tokens, causal_prefill=False, rank_share=share)
     if pre > 0:
-        flops += compute_time(s, round(pre), isl, causal_prefill=True, rank_share=1.0)
+        riding = compute_parts(s, round(pre), isl, causal_prefill=True, rank_share=1.0)
+        ops = (ops[0] + riding[0], ops[1] + riding[1], ops[2] + riding[2])
+    flops = sum(ops)
     comm = comm_time(s, per_stage + round(pre))
-    stage = max(hbm, flops) + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
+    kernels = roofline(s, ops, parts, kv) + moe_kernel_time(s)
+    stage = kernels + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
     # host bookkeeping per sequence: with attention-DP each of the TP ranks schedules its own
     # sequences (round-robin: ceil(N / D) on each), side by side
     scheduled = math.ceil(per_stage / lay.tp) if lay.attention_dp else per_stage
@@ -421,7 +500,9 @@ def step_time(s: Setup, running: int, ctx_tokens: float, prefill_tokens: float, 
         "kv_read_bytes": kv,
         "decode_hbm_s": hbm,
         "decode_compute_s": flops,
+        "decode_kernels_s": kernels,
         **{f"decode_{k}": v for k, v in comm.items()},
+        **({"decode_moe_kernels_s": moe_kernel_time(s)} if s.model.is_moe else {}),
         "decode_step_s": lay.pp * (stage + s.eff.step_overhead_s + s.eff.seq_overhead_s * scheduled)
         + comm.get("pp_send_s", 0.0),
     }
@@ -445,11 +526,14 @@ def prefill_time(s: Setup, tokens: int, isl: int) -> dict[str, float]:
     # ceil(prompts / ranks) of them (note 9)
     prompts = max(1, math.ceil(tokens / max(isl, 1)))
     share = math.ceil(prompts / lay.tp) / prompts if lay.attention_dp else None
-    flops = compute_time(s, tokens, isl, causal_prefill=True, rank_share=share)
+    ops = compute_parts(s, tokens, isl, causal_prefill=True, rank_share=share)
+    flops = sum(ops)
     # the stage reads its weights (an MoE's experts the prompt routes to) at least once
-    hbm = touched_weight_bytes(s, tokens) / (s.gpu.hbm_bytes_per_s * s.eff.hbm_eff)
+    parts = weight_parts(s, tokens)
+    hbm = sum(parts) / (s.gpu.hbm_bytes_per_s * s.eff.hbm_eff)
     comm = comm_time(s, tokens)
-    stage = max(flops, hbm) + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
+    stage = roofline(s, ops, parts, 0.0) + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
+    stage += moe_kernel_time(s)
     return {
         "prefill_compute_s": flops * lay.pp,
         "prefill_hbm_s": hbm * lay.pp,

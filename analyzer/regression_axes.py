@@ -36,13 +36,14 @@ the mirror limit (a completion is counted one latency after its arrival).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import duckdb
 import numpy as np
 import polars as pl
 
 from analyzer.collectives import rank_waits
-from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
+from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, has_points, texts
 from analyzer.latency import NS, counter_increases, rollup_for, table_sql
 from analyzer.planner import span_filter
 
@@ -219,33 +220,62 @@ def _gauges(
     """``kv_pressure`` (engine samples), ``fabric_bytes`` and ``clocks`` (GPU samples)."""
     out: dict[str, Parts] = {}
     rollup = rollup_for(con, lo, hi, bin_ns / NS)  # latency rule 6: long spans read the minute means
-    gauges = table_sql("engine_gauges", rollup)
-    kv = con.execute(
-        f"""SELECT (ts_ns - ? - 1) // ? AS b, sum(value), count(value) FROM {gauges}
-            WHERE ts_ns > ? AND ts_ns <= ? AND concept = 'kv_usage_ratio'
-              AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY b""",
-        [lo, bin_ns, lo, hi, texts(dep.engine_keys)],
-    ).fetchall()
-    num, den = _dense(kv, n)
+    num, den = _dense(_kv_rows(con, dep, lo, hi, bin_ns, rollup), n)
     if den.sum() > 0:
         out["kv_pressure"] = Parts(num, den, "kv_usage_ratio")
-    gpu = con.execute(
-        f"""SELECT (ts_ns - ? - 1) // ? AS b,
-                  sum(value) FILTER (WHERE (metric LIKE 'nvlink_%' OR metric LIKE 'pcie_%')
-                                     AND metric LIKE '%_bytes_per_s'),
-                  count(DISTINCT ts_ns) FILTER (WHERE (metric LIKE 'nvlink_%' OR metric LIKE 'pcie_%')
-                                                AND metric LIKE '%_bytes_per_s'),
-                  sum(value) FILTER (WHERE metric = 'sm_clock_mhz'),
-                  count(value) FILTER (WHERE metric = 'sm_clock_mhz')
-           FROM {table_sql("gpu_samples", rollup)} WHERE ts_ns > ? AND ts_ns <= ?
-             AND list_contains({TEXTS}, uuid) GROUP BY b""",
-        [lo, bin_ns, lo, hi, texts(dep.gpu_uuids)],
-    ).fetchall()
+    gpu = _gpu_rows(con, dep, lo, hi, bin_ns, rollup)
     for axis, i, source in (("fabric_bytes", 1, "nvlink+pcie bytes/s"), ("clocks", 3, "sm_clock_mhz")):
         num, den = _dense([(r[0], r[i] or 0.0, r[i + 1] or 0.0) for r in gpu], n)
         if den.sum() > 0:
             out[axis] = Parts(num, den, source)
     return out
+
+
+def _kv_rows(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, lo: int, hi: int, bin_ns: int, rollup: bool
+) -> list[tuple[int, float, float]]:
+    """Per bin, the sum and count of the deployment's ``kv_usage_ratio`` samples. On the series
+    layout (raw rows) the series are chosen first and only their points read (latency rule 7)."""
+    if not rollup and has_points(con, "engine_samples"):
+        source = f"""engine_samples_points WHERE series_id IN (
+            SELECT series_id FROM engine_samples_series WHERE concept = 'kv_usage_ratio'
+              AND list_contains({TEXTS}, {ENGINE_KEY_SQL}))"""
+    else:
+        source = f"""{table_sql("engine_gauges", rollup)} WHERE concept = 'kv_usage_ratio'
+              AND list_contains({TEXTS}, {ENGINE_KEY_SQL})"""
+    return con.execute(
+        f"""SELECT (ts_ns - ? - 1) // ? AS b, sum(value), count(value) FROM {source}
+              AND ts_ns > ? AND ts_ns <= ? GROUP BY b""",
+        [lo, bin_ns, texts(dep.engine_keys), lo, hi],
+    ).fetchall()
+
+
+_LINK = "(metric LIKE 'nvlink_%' OR metric LIKE 'pcie_%') AND metric LIKE '%_bytes_per_s'"
+_CLOCK = "metric = 'sm_clock_mhz'"
+
+
+def _gpu_rows(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, lo: int, hi: int, bin_ns: int, rollup: bool
+) -> list[tuple[Any, ...]]:
+    """Per bin: NVLink + PCIe bytes/s summed and the number of their sample times, SM clock sum
+    and count, over the deployment's GPUs. On the series layout (raw rows) only the points of
+    those metrics' series are read, their metric class decided once per series."""
+    aggregates = """sum(value) FILTER (WHERE link), count(DISTINCT ts_ns) FILTER (WHERE link),
+                    sum(value) FILTER (WHERE clock), count(value) FILTER (WHERE clock)"""
+    if not rollup and has_points(con, "gpu_samples"):
+        sql = f"""
+            WITH s AS (
+                SELECT series_id, {_LINK} AS link, {_CLOCK} AS clock FROM gpu_samples_series
+                WHERE list_contains({TEXTS}, uuid) AND (({_LINK}) OR {_CLOCK})
+            )
+            SELECT (ts_ns - ? - 1) // ? AS b, {aggregates}
+            FROM gpu_samples_points JOIN s USING (series_id) WHERE ts_ns > ? AND ts_ns <= ? GROUP BY b"""
+        return con.execute(sql, [texts(dep.gpu_uuids), lo, bin_ns, lo, hi]).fetchall()
+    sql = f"""
+        SELECT (ts_ns - ? - 1) // ? AS b, {aggregates}
+        FROM (SELECT ts_ns, value, {_LINK} AS link, {_CLOCK} AS clock FROM {table_sql("gpu_samples", rollup)}
+              WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, uuid)) GROUP BY b"""
+    return con.execute(sql, [lo, bin_ns, lo, hi, texts(dep.gpu_uuids)]).fetchall()
 
 
 def _waits(con: duckdb.DuckDBPyConnection, comm_ids: list[str], lo: int, hi: int) -> pl.DataFrame:

@@ -14,7 +14,9 @@ collector on, ``--rounds`` rounds alternating the analysis and its peer, medians
 * every window the page offers (15 min, 1 h, 6 h, 24 h) on the 7-day store (goal: each < 1 s);
 * the peer: a plain scan of the same raw rows (every point of the three raw tables in the
   window and its 120 s look-back), and the 1 s budget;
-* the deployment listing (``list_deployments`` as ``/api/v1/deployments`` calls it).
+* the deployment listing (``list_deployments`` as ``/api/v1/deployments`` calls it);
+* with ``--lag``, the same report reading increases with ``lag()`` over the points (the statement
+  before the points kept their increase, ``collector.increases``), alternating in the same rounds.
 
 The stores are deleted at the end unless ``--keep``.
 """
@@ -33,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+import analyzer.latency as latency
 from analyzer.deployments import list_deployments
 from analyzer.report import deployment_report
 from analyzer.thresholds import Thresholds
@@ -83,19 +86,36 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t
 
 
-def measure(con: Any, end_ns: int, window_s: int, rounds: int) -> dict[str, Any]:
-    """Alternating rounds of the report and the plain scan over ``(end - window, end]``."""
+def lagged(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` run with the increases read by ``lag()`` over the points (``--lag``)."""
+
+    def run() -> Any:
+        stored = latency._stored_increases
+        latency._stored_increases = lambda *a: False  # type: ignore[assignment]
+        try:
+            return fn()
+        finally:
+            latency._stored_increases = stored
+
+    return run
+
+
+def measure(con: Any, end_ns: int, window_s: int, rounds: int, lag: bool = False) -> dict[str, Any]:
+    """Alternating rounds of the report and the plain scan over ``(end - window, end]`` (and the
+    report with ``lag()`` increases when ``lag``)."""
     start_ns = end_ns - window_s * NS
     dep = list_deployments(con, end_ns - 900 * NS)[0]
     th = Thresholds()
     report = deployment_report(con, dep, start_ns, end_ns, th)  # warm-up (catalog, caches)
     rows = plain_scan(con, start_ns, end_ns)
-    ioe, peer = [], []
+    ioe, peer, old = [], [], []
     for _ in range(rounds):
         ioe.append(timed(lambda: deployment_report(con, dep, start_ns, end_ns, th)))
         peer.append(timed(lambda: plain_scan(con, start_ns, end_ns)))
+        if lag:
+            old.append(timed(lagged(lambda: deployment_report(con, dep, start_ns, end_ns, th))))
     listing = [timed(lambda: list_deployments(con)) for _ in range(rounds)]
-    return {
+    got = {
         "gpus": dep.n_gpus,
         "engines": len(dep.engine_keys),
         "window_s": window_s,
@@ -105,6 +125,9 @@ def measure(con: Any, end_ns: int, window_s: int, rounds: int) -> dict[str, Any]
         "scan_s": stats(peer),
         "listing_s": stats(listing),
     }
+    if old:
+        got["lag_report_s"] = stats(old)
+    return got
 
 
 def stats(xs: list[float]) -> dict[str, float]:
@@ -113,12 +136,14 @@ def stats(xs: list[float]) -> dict[str, float]:
 
 def line(label: str, m: dict[str, Any]) -> str:
     r, s, ls = m["report_s"], m["scan_s"], m["listing_s"]
+    old = m.get("lag_report_s")
+    lag = f"; with lag() {old['median']:.3f} s ({old['min']:.3f}-{old['max']:.3f})" if old else ""
     return (
         f"{label}: report median {r['median']:.3f} s ({r['min']:.3f}-{r['max']:.3f}), "
         f"plain scan of {m['raw_rows']:,} rows {s['median']:.3f} s ({s['min']:.3f}-{s['max']:.3f}), "
         f"report/budget {r['median'] / BUDGET_S:.2f}, "
         f"report/scan {r['median'] / max(s['median'], 1e-9):.1f}; "
-        f"listing {ls['median'] * 1e3:.1f} ms; zone {m['zone']}"
+        f"listing {ls['median'] * 1e3:.1f} ms; zone {m['zone']}{lag}"
     )
 
 
@@ -129,6 +154,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="8,64,512")
     ap.add_argument("--days", type=float, default=7.0, help="the long store's length (0: skip it)")
     ap.add_argument("--keep", action="store_true", help="keep the generated stores")
+    ap.add_argument("--lag", action="store_true", help="also time the report with lag() increases")
     args = ap.parse_args()
     gc.enable()
     root = Path(args.dir)
@@ -139,7 +165,7 @@ def main() -> None:
             path = root / f"g{gpus}_1h.duckdb"
             make(path, gpus, 1.0)
             con = open_readonly(path)
-            m = measure(con, T0 + 3600 * NS, WINDOWS["15m"], args.rounds)
+            m = measure(con, T0 + 3600 * NS, WINDOWS["15m"], args.rounds, args.lag)
             con.close()
             out["fleet"][gpus] = m
             print(line(f"{gpus} GPUs x 1 h, 15 min window", m), flush=True)
@@ -149,7 +175,7 @@ def main() -> None:
             con = open_readonly(path)
             end_ns = T0 + int(args.days * 86400) * NS
             for name, seconds in WINDOWS.items():
-                m = measure(con, end_ns, seconds, args.rounds)
+                m = measure(con, end_ns, seconds, args.rounds, args.lag)
                 out["week"][name] = m
                 print(line(f"8 GPUs x {args.days:g} d, {name} window", m), flush=True)
             con.close()

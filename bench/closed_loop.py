@@ -80,7 +80,7 @@ HARNESS: dict[tuple[str, str], Harness] = {
     ("trtllm", "*"): Harness(burst_share=0.10, slot_wait=1.0),
     ("vllm", "*"): Harness(burst_share=0.15, slot_wait=0.25),
     ("sglang", "*"): Harness(burst_share=1.0),
-    ("sglang", "h200_sxm"): Harness(burst_share=0.3),
+    ("sglang", "h200_sxm"): Harness(burst_share=0.3, slot_wait=0.25),
     ("vllm", "h200_sxm"): Harness(burst_share=0.15, prefix_hit=0.5, slot_wait=0.75),
 }
 

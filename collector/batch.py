@@ -23,6 +23,11 @@ Rules:
    :meth:`with_column` and :meth:`take`; :meth:`concat` keeps it only when every part has it and
    the parts' ``ts_ns`` ranges do not overlap (every raw key starts with ``ts_ns``). The store
    then skips its own de-duplication of the batch.
+5. ``runs``, when given, is another promise of the builder: the rows come in runs of these
+   lengths (summing to ``height``), the rows of a run equal in every column but ``ts_ns`` and
+   the table's value columns, i.e. one series each. The store then looks each run's series up
+   once instead of once a row. It survives :meth:`with_column` of ``ts_ns`` or a value column,
+   and :meth:`concat` when every part has it; :meth:`take` drops it.
 """
 
 from __future__ import annotations
@@ -43,13 +48,22 @@ _TYPECODE = {"BIGINT": "q", "INTEGER": "i", "DOUBLE": "d"}
 class Batch:
     """One table's rows as column lists (rules 1-3)."""
 
-    __slots__ = ("data", "height", "table", "unique")
+    __slots__ = ("data", "height", "runs", "table", "unique")
 
-    def __init__(self, table: str, data: dict[str, list[Any]], height: int, *, unique: bool = False):
+    def __init__(
+        self,
+        table: str,
+        data: dict[str, list[Any]],
+        height: int,
+        *,
+        unique: bool = False,
+        runs: list[int] | None = None,
+    ):
         self.table = table
         self.data = data
         self.height = height
         self.unique = unique  # rule 4
+        self.runs = runs  # rule 5
 
     @property
     def columns(self) -> list[str]:
@@ -71,7 +85,12 @@ class Batch:
         if len(values) != self.height:
             raise ValueError(f"{self.table}.{name}: {len(values)} values for {self.height} rows")
         data = {c: (values if c == name else v) for c, v in self.data.items()}
-        return Batch(self.table, data, self.height, unique=self.unique)
+        runs = self.runs
+        if runs is not None and name != "ts_ns":
+            from collector.records import spec_of
+
+            runs = runs if name in spec_of(self.table).values else None
+        return Batch(self.table, data, self.height, unique=self.unique, runs=runs)
 
     def take(self, order: Sequence[int]) -> Batch:
         """The rows at positions ``order``, in that order."""
@@ -99,7 +118,10 @@ class Batch:
             if part.table != first.table or part.columns != first.columns:
                 raise ValueError(f"Batch.concat: {part.table} {part.columns} does not match {first.table}")
         data = {c: list(chain.from_iterable(part.data[c] for part in items)) for c in first.data}
-        return Batch(first.table, data, sum(p.height for p in items), unique=_disjoint(items))
+        runs = None
+        if all(p.runs is not None for p in items):
+            runs = list(chain.from_iterable(p.runs or () for p in items))
+        return Batch(first.table, data, sum(p.height for p in items), unique=_disjoint(items), runs=runs)
 
     # -- export -------------------------------------------------------------------------------
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:

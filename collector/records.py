@@ -57,6 +57,10 @@ class Table:
     # Columns that refuse NULL besides the key's (a series table keeps its raw table's key
     # columns NOT NULL though its own key is series_id).
     not_null: tuple[str, ...] = ()
+    # The value column of a raw table holding cumulative counters: its points also keep the
+    # reset-aware increase since the previous point of their series (``INCREASE``,
+    # collector.increases), so a window's increase is a plain sum. Empty for other tables.
+    counter: str = ""
 
     @property
     def column_names(self) -> list[str]:
@@ -348,8 +352,10 @@ HISTOGRAM_BUCKETS_1M = replace(HISTOGRAM_BUCKETS_1M, indexed=False)
 # Raw samples: hundreds of rows a second per node, kept unique without an index (see Table.indexed)
 # and, in a store file, as series plus points (collector.series).
 GPU_SAMPLES = replace(GPU_SAMPLES, indexed=False, values=("value",))
-ENGINE_SAMPLES = replace(ENGINE_SAMPLES, indexed=False, values=("value", "rate_per_s"))
-HISTOGRAM_BUCKETS = replace(HISTOGRAM_BUCKETS, indexed=False, values=("cumulative_count",))
+ENGINE_SAMPLES = replace(ENGINE_SAMPLES, indexed=False, values=("value", "rate_per_s"), counter="value")
+HISTOGRAM_BUCKETS = replace(
+    HISTOGRAM_BUCKETS, indexed=False, values=("cumulative_count",), counter="cumulative_count"
+)
 FABRIC_SAMPLES = replace(FABRIC_SAMPLES, indexed=False, values=("value", "rate_per_s"))
 
 TABLES: dict[str, Table] = {
@@ -399,9 +405,21 @@ def series_table(spec: Table) -> Table:
     )
 
 
-def points_table(spec: Table) -> Table:
-    """``T_points`` of a series-layout table: ``ts_ns``, ``series_id`` and the values, unindexed."""
+# The points column holding each point's reset-aware increase since the previous point of its
+# series (tables with a ``Table.counter``; collector.increases).
+INCREASE = "increase"
+
+
+def point_values(spec: Table) -> tuple[tuple[str, str], ...]:
+    """The value columns of a raw table's points: its values, then ``increase`` for a counter table."""
     values = tuple((c, t) for c, t in spec.columns if c in spec.values)
+    return (*values, (INCREASE, "DOUBLE")) if spec.counter else values
+
+
+def points_table(spec: Table) -> Table:
+    """``T_points`` of a series-layout table: ``ts_ns``, ``series_id`` and the values (with the
+    increase of a counter table), unindexed."""
+    values = point_values(spec)
     return Table(
         name=points_name(spec.name),
         columns=(("ts_ns", "BIGINT"), ("series_id", "BIGINT"), *values),

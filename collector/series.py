@@ -16,7 +16,8 @@ store file is kept as:
   - ``T_recent``: ``(ts_ns, series_id, values...)`` in the order written (time order), where
     every write appends;
   - ``T_packed`` and ``T_times``: the points of closed time slices (:data:`SLICE_NS`), packed
-    by the store's maintenance (:func:`pack_statements`). ``T_times`` numbers each distinct
+    by the store's maintenance (:func:`pack_statements`), or written packed by a backfill
+    (:func:`packed_insert_statements`). ``T_times`` numbers each distinct
     timestamp of a slice (``tix``, dense, in time order within the slice); ``T_packed`` holds
     ``(series_id, tix, values...)`` sorted by series, then time. A series' values then sit side
     by side (DuckDB's ALP and RLE compress them), and its times are small consecutive numbers
@@ -56,11 +57,20 @@ already stores a repeated description once per file.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from itertools import accumulate, chain, repeat
 from typing import TYPE_CHECKING, Any
 
 from collector.batch import Batch, run_on_stream
-from collector.records import Table, points_name, points_table, series_name, series_table
+from collector.records import (
+    INCREASE,
+    Table,
+    point_values,
+    points_name,
+    points_table,
+    series_name,
+    series_table,
+)
 
 if TYPE_CHECKING:
     import duckdb
@@ -82,18 +92,20 @@ def times_name(table: str) -> str:
 
 
 def _values(spec: Table, alias: str = "") -> str:
-    return ", ".join(f"{alias}{c}" for c in spec.values)
+    return ", ".join(f"{alias}{c}" for c, _ in point_values(spec))
 
 
 def _typed(spec: Table) -> str:
-    return ", ".join(f"{c} {t}" for c, t in spec.columns if c in spec.values)
+    return ", ".join(f"{c} {t}" for c, t in point_values(spec))
 
 
-def points_view_ddl(spec: Table) -> str:
-    """The view ``T_points``: recent and packed points, ``(ts_ns, series_id, values...)``."""
+def points_view_ddl(spec: Table, replace: bool = False) -> str:
+    """The view ``T_points``: recent and packed points, ``(ts_ns, series_id, values...)`` (with
+    ``increase`` for a counter table: collector.increases)."""
     t = spec.name
+    create = "CREATE OR REPLACE VIEW" if replace else "CREATE VIEW IF NOT EXISTS"
     return (
-        f"CREATE VIEW IF NOT EXISTS {points_name(t)} AS "
+        f"{create} {points_name(t)} AS "
         f"SELECT ts_ns, series_id, {_values(spec)} FROM {recent_name(t)} UNION ALL "
         f"SELECT t.ts_ns, p.series_id, {_values(spec, 'p.')} "
         f"FROM {packed_name(t)} AS p JOIN {times_name(t)} AS t USING (tix)"
@@ -114,9 +126,22 @@ def points_statements(spec: Table) -> list[str]:
 
 
 def recent_statements(spec: Table) -> list[str]:
-    """Rule 4: a schema-3 file's points table becomes ``T_recent`` (run in a transaction)."""
+    """Rule 4: a schema-3 file's points table becomes ``T_recent`` (run in a transaction; a
+    counter table's increases are filled after, :func:`collector.increases.fill_statements`)."""
     rename = f"ALTER TABLE {points_name(spec.name)} RENAME TO {recent_name(spec.name)}"
-    return [rename, *points_statements(spec), view_ddl(spec)]
+    add = [f"ALTER TABLE {recent_name(spec.name)} ADD COLUMN {INCREASE} DOUBLE"] if spec.counter else []
+    return [rename, *add, *points_statements(spec), view_ddl(spec)]
+
+
+def increase_column_statements(spec: Table) -> list[str]:
+    """Rule 4: a schema-4 file's counter table gets the ``increase`` column on both point forms
+    and its ``T_points`` view again (run in a transaction, with the fill after)."""
+    t = spec.name
+    return [
+        f"ALTER TABLE {recent_name(t)} ADD COLUMN {INCREASE} DOUBLE",
+        f"ALTER TABLE {packed_name(t)} ADD COLUMN {INCREASE} DOUBLE",
+        points_view_ddl(spec, replace=True),
+    ]
 
 
 def pack_statements(spec: Table, lo_ns: int, hi_ns: int) -> list[str]:
@@ -129,20 +154,49 @@ def pack_statements(spec: Table, lo_ns: int, hi_ns: int) -> list[str]:
     small memory limit."""
     t, lo, hi = spec.name, int(lo_ns), int(hi_ns)
     window = f"ts_ns >= {lo} AND ts_ns < {hi}"
-    direction = "CASE WHEN p.series_id % 2 = 0 THEN x.tix ELSE -x.tix END"
     return [
-        f"CREATE OR REPLACE TEMP TABLE _tix AS SELECT ts_ns, "
-        f"(SELECT coalesce(max(tix), -1) FROM {times_name(t)}) + row_number() OVER (ORDER BY ts_ns) AS tix "
-        f"FROM (SELECT DISTINCT ts_ns FROM {points_name(t)} WHERE {window})",
+        _tix_statement(t, f"{points_name(t)} WHERE {window}"),
         f"INSERT INTO {packed_name(t)} SELECT p.series_id, x.tix, {_values(spec, 'p.')} "
         f"FROM {points_name(t)} AS p JOIN _tix AS x USING (ts_ns) WHERE p.{window} "
-        f"ORDER BY p.series_id, {direction}",
+        f"ORDER BY p.series_id, {_DIRECTION}",
         f"DELETE FROM {packed_name(t)} WHERE tix IN (SELECT tix FROM {times_name(t)} WHERE {window})",
         f"DELETE FROM {times_name(t)} WHERE {window}",
         f"DELETE FROM {recent_name(t)} WHERE {window}",
         f"INSERT INTO {times_name(t)} SELECT tix, ts_ns FROM _tix ORDER BY tix",
         "DROP TABLE _tix",
     ]
+
+
+def packed_insert_statements(spec: Table, source: str) -> list[str]:
+    """Rule 5 without the detour through ``T_recent``: the points of the table ``source``
+    (``ts_ns, series_id, values...``, no two sharing a key), all of time slices that hold no
+    stored point yet, written straight into the packed form (run in a transaction). Each slice's
+    rows are sorted as :func:`pack_statements` sorts them, slice after slice, so every slice's
+    rows hold only its own ``tix`` range (rule 6). The second statement (the ``INSERT`` into
+    ``T_packed``) counts the points written."""
+    t = spec.name
+    return [
+        _tix_statement(t, source),
+        f"INSERT INTO {packed_name(t)} SELECT p.series_id, x.tix, {_values(spec, 'p.')} "
+        f"FROM {source} AS p JOIN _tix AS x USING (ts_ns) "
+        f"ORDER BY p.ts_ns // {SLICE_NS}, p.series_id, {_DIRECTION}",
+        f"INSERT INTO {times_name(t)} SELECT tix, ts_ns FROM _tix ORDER BY tix",
+        "DROP TABLE _tix",
+    ]
+
+
+# Rule 5: even series' runs by rising tix, odd ones' by falling
+_DIRECTION = "CASE WHEN p.series_id % 2 = 0 THEN x.tix ELSE -x.tix END"
+
+
+def _tix_statement(table: str, source: str) -> str:
+    """The temp table ``_tix``: each distinct ``ts_ns`` of ``source`` (a table, optionally with
+    its ``WHERE``) numbered above every stored ``tix``, densely in time order."""
+    return (
+        f"CREATE OR REPLACE TEMP TABLE _tix AS SELECT ts_ns, (SELECT coalesce(max(tix), -1) "
+        f"FROM {times_name(table)}) + row_number() OVER (ORDER BY ts_ns) AS tix "
+        f"FROM (SELECT DISTINCT ts_ns FROM {source})"
+    )
 
 
 def delete_before_statements(spec: Table, before_ns: int) -> list[str]:
@@ -183,7 +237,8 @@ def convert_statements(spec: Table) -> list[str]:
         *create_statements(spec)[:-1],
         f"INSERT INTO {series_name(spec.name)} SELECT row_number() OVER (ORDER BY first_ts, {ids}) - 1, "
         f"{ids} FROM (SELECT {ids}, min(ts_ns) AS first_ts FROM {old} GROUP BY ALL)",
-        f"INSERT INTO {recent_name(spec.name)} SELECT w.ts_ns, s.series_id, {values} "
+        f"INSERT INTO {recent_name(spec.name)} (ts_ns, series_id, {', '.join(spec.values)}) "
+        f"SELECT w.ts_ns, s.series_id, {values} "
         f"FROM {old} AS w JOIN {series_name(spec.name)} AS s ON {match} ORDER BY w.ts_ns",
         f"DROP TABLE {old}",
         view_ddl(spec),
@@ -202,11 +257,23 @@ class SeriesIndex:
         self.points = points_table(spec)
         self._ids: dict[tuple[Any, ...], int] | None = None
         self._next = 0
+        self.first_new = 0  # the first id :meth:`ids` gave in its last call (ids from it on are new)
 
-    def ids(self, cur: duckdb.DuckDBPyConnection, cols: dict[str, Sequence[Any]]) -> list[int]:
+    def ids(
+        self,
+        cur: duckdb.DuckDBPyConnection,
+        cols: Mapping[str, Sequence[Any]],
+        runs: Sequence[int] | None = None,
+    ) -> list[int]:
         """The ``series_id`` of each row of ``cols`` (the wide table's columns); series seen for
-        the first time are inserted into ``T_series`` first (a NULL key column raises there)."""
+        the first time are inserted into ``T_series`` first (a NULL key column raises there).
+        ``runs``: the rows come in runs of one series each (Batch rule 5), looked up once a run."""
+        if runs is not None:
+            starts = [0, *accumulate(runs)][:-1]
+            firsts = {c: [cols[c][i] for i in starts] for c in self.spec.series_columns}
+            return list(chain.from_iterable(map(repeat, self.ids(cur, firsts), runs)))
         known = self._load(cur)
+        self.first_new = self._next
         names = self.spec.series_columns
         keys = list(zip(*(cols[c] for c in names), strict=True))
         got = list(map(known.get, keys))

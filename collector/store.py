@@ -11,7 +11,8 @@ one node's samples: ~12 GB with it, ~3 GB without; ``bench/results/sidecar.md``)
 :meth:`Store._insert_unindexed` keeps the key unique instead. In a store file they are views
 over a series table and the points (:mod:`collector.series`): each description is stored
 once, and a write appends ``(ts_ns, series_id, values)`` to ``T_recent``. Maintenance (and the
-close of a writable file) packs each closed hour of points by series (:meth:`Store.pack`).
+close of a writable file) packs each closed hour of points by series (:meth:`Store.pack`); a
+backfill of the past writes whole hours packed at once (:meth:`Store.write_closed`).
 
 The schema is versioned in ``ioe_schema``: a new file is created at the current version, an
 older file is brought forward by the steps in :data:`MIGRATIONS`.
@@ -36,9 +37,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 
-from collector import series
+from collector import increases, series
 from collector.batch import Batch, as_polars, run_on_stream
-from collector.records import REPLACE_TABLES, TABLES, Table, points_name, series_name
+from collector.records import INCREASE, REPLACE_TABLES, TABLES, Table, points_name, series_name
 
 if TYPE_CHECKING:
     import polars as pl
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 NS_PER_MIN = 60_000_000_000
 # Block size of a new store file: DuckDB's default, 256 KiB. DuckDB compresses doubles with ALP
 # only in blocks this large: with 64 or 128 KiB blocks every value column stayed RLE or
@@ -84,6 +85,8 @@ SERIES_PRUNE_NS = 3600 * 1_000_000_000
 #   algorithm/protocol label and the upper end of its bucketed message sizes).
 # 3 -> 4: the points of a store file are kept recent and packed (collector.series rule 4):
 #   physical again, converted by Store._layout.
+# 4 -> 5: the points of counter tables keep each point's increase (collector.increases rule 6):
+#   physical, added and filled by Store._layout.
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, []),
     (
@@ -94,6 +97,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         ],
     ),
     (3, []),
+    (4, []),
 ]
 
 
@@ -139,10 +143,12 @@ class Store(RowCounts):
         read_only: bool = False,
         threads: int | None = None,
         memory_limit: str | None = None,
+        wal_autocheckpoint: str = WAL_AUTOCHECKPOINT,
     ):
         """``threads``: DuckDB worker threads (default: the CPUs this process may use). A sidecar,
         which mostly inserts small batches, passes 1: extra threads only add scheduling cost.
-        ``memory_limit``: DuckDB's buffer-pool cap (``"64MB"``; default DuckDB's, 80 % of RAM)."""
+        ``memory_limit``: DuckDB's buffer-pool cap (``"64MB"``; default DuckDB's, 80 % of RAM).
+        ``wal_autocheckpoint``: the WAL size that triggers a checkpoint (:data:`WAL_AUTOCHECKPOINT`)."""
         self.path = str(path)
         self.read_only = read_only
         self._lock = threading.RLock()
@@ -154,7 +160,7 @@ class Store(RowCounts):
         if memory_limit:
             self._config["memory_limit"] = memory_limit
         if not read_only:
-            self._config["wal_autocheckpoint"] = WAL_AUTOCHECKPOINT
+            self._config["wal_autocheckpoint"] = wal_autocheckpoint
         attached = not read_only and self.path != ":memory:"
         self._use = f"USE {ATTACHED}" if attached else ""  # makes a new cursor see the store's tables
         self._open()
@@ -181,6 +187,7 @@ class Store(RowCounts):
         # what the writer keeps in memory is read again from the file (a reopen may follow a
         # commit that failed)
         self._series = {name: series.SeriesIndex(t) for name, t in TABLES.items() if t.values}
+        self._last = {name: increases.LastPoints(t) for name, t in TABLES.items() if t.counter}
         self._newest: dict[str, int | None] = {}  # points table -> its largest ts_ns stored
         self._writer = self._new_cursor()
 
@@ -297,17 +304,31 @@ class Store(RowCounts):
             ).fetchall()
         )
         for name, table in TABLES.items():
+            fill = increases.fill_statements(table) if table.counter else []
             if not table.values:
                 self.con.execute(table.ddl())
             elif kinds.get(name) == "BASE TABLE":
                 log.info("store %s: converting %s to the series layout", self.path, name)
-                self._transaction(series.convert_statements(table))
+                self._transaction(series.convert_statements(table) + fill)
             elif kinds.get(points_name(name)) == "BASE TABLE":
                 log.info("store %s: keeping the points of %s recent and packed", self.path, name)
-                self._transaction(series.recent_statements(table))
+                self._transaction(series.recent_statements(table) + fill)
+            elif (
+                fill and kinds.get(series.recent_name(name)) == "BASE TABLE" and not self._has_increase(name)
+            ):
+                log.info("store %s: storing the increase of every point of %s", self.path, name)
+                self._transaction(series.increase_column_statements(table) + fill)
             else:
                 for sql in series.create_statements(table):
                     self.con.execute(sql)
+
+    def _has_increase(self, name: str) -> bool:
+        """Whether ``T_recent`` of counter table ``name`` has the increase column (schema 5)."""
+        got = self.con.execute(
+            "SELECT count(*) FROM information_schema.columns WHERE table_catalog = current_database() "
+            f"AND table_name = {_text(series.recent_name(name))} AND column_name = {_text(INCREASE)}"
+        ).fetchone()
+        return bool(got and got[0])
 
     def _transaction(self, statements: list[str], con: duckdb.DuckDBPyConnection | None = None) -> None:
         """``statements`` in one transaction: all of them or, on any error, none."""
@@ -327,6 +348,26 @@ class Store(RowCounts):
     # -- writes ---------------------------------------------------------------------------
     def write(self, table: str, batch: Batch | pl.DataFrame | pa.Table) -> int:
         """Insert ``batch`` into ``table``; returns the number of rows that were new."""
+        return self._write(table, batch, closed=False)
+
+    def write_closed(self, table: str, batch: Batch | pl.DataFrame | pa.Table) -> int:
+        """:meth:`write` for rows of closed time slices (a backfill of the past, in time order).
+
+        Rules:
+
+        1. The points of a raw table go straight into the packed form (collector.series rule
+           5) when every one of them is in a time slice newer than the slice of the newest
+           point stored: no point of those slices is stored yet, so nothing is de-duplicated
+           against stored rows, and nothing is written to ``T_recent`` to be moved out again.
+           Written in one transaction: all of the batch or none of it.
+        2. Otherwise (a batch reaching into a slice that has points), :meth:`write`'s way:
+           appended to ``T_recent`` and packed at the next pass.
+        3. A slice that gets more points later (a batch that did not hold all of it) has them
+           in ``T_recent`` until the next pass packs them with it (:meth:`pack` rule 3).
+        """
+        return self._write(table, batch, closed=True)
+
+    def _write(self, table: str, batch: Batch | pl.DataFrame | pa.Table, *, closed: bool) -> int:
         spec = TABLES.get(table)
         if spec is None:
             raise StoreError(f"store {self.path}: no table {table!r}")
@@ -341,6 +382,8 @@ class Store(RowCounts):
         if missing:
             raise StoreError(f"{table}: batch lacks columns {missing}")
         with self._lock:
+            if closed:
+                return self._retrying(f"write to {table}", lambda: self._insert(spec, batch, closed=True))
             return self._retrying(f"write to {table}", lambda: self._insert(spec, batch))
 
     def _retrying(self, what: str, work: Callable[[], _T]) -> _T:
@@ -357,25 +400,94 @@ class Store(RowCounts):
             self.con.execute("CHECKPOINT")
             return work()
 
-    def _insert(self, spec: Table, batch: Any) -> int:
+    def _insert(self, spec: Table, batch: Any, closed: bool = False) -> int:
         cur = self._writer
         if spec.values:
-            return self._insert_points(cur, spec, batch)
+            return self._insert_points(cur, spec, batch, closed)
         if spec.indexed or not spec.key:
             return _insert(cur, spec.name, ", ".join(spec.column_names), batch)
         return self._insert_unindexed(cur, spec, batch)
 
-    def _insert_points(self, cur: duckdb.DuckDBPyConnection, spec: Table, batch: Any) -> int:
+    def _insert_points(self, cur: duckdb.DuckDBPyConnection, spec: Table, batch: Any, closed: bool) -> int:
         """A raw table's rows as points of its series (collector.series rules 1-2), appended to
-        ``T_recent``; the keys stored are those of every point (``T_points``)."""
+        ``T_recent``, or packed when ``closed`` allows (:meth:`write_closed`); the keys stored are
+        those of every point (``T_points``). A counter table's points carry their increase
+        (collector.increases rules 3-4: a batch with late points is inserted and its late series'
+        increases repaired in one transaction; a batch of fresh slices has no late point)."""
         cols, height = _columns(batch, spec.column_names)
         index = self._series[spec.name]
-        ids = index.ids(cur, cols)
+        ids = index.ids(cur, cols, batch.runs if isinstance(batch, Batch) else None)
         target = index.points
         data = {"ts_ns": cols["ts_ns"], "series_id": ids, **{c: cols[c] for c in spec.values}}
         unique = isinstance(batch, Batch) and batch.unique
+        into = series.recent_name(spec.name)
+        if not spec.counter:
+            rows = Batch(target.name, data, height, unique=unique)
+            if closed and self._fresh_slices(cur, spec.name, rows):
+                return self._insert_packed(cur, spec, rows)
+            return self._insert_unindexed(cur, target, rows, into)
+        last = self._last[spec.name]
+        data[INCREASE], late, newest = last.increases(
+            cur, ids, cols["ts_ns"], cols[spec.counter], index.first_new
+        )
         rows = Batch(target.name, data, height, unique=unique)
-        return self._insert_unindexed(cur, target, rows, into=series.recent_name(spec.name))
+        if not late and closed and self._fresh_slices(cur, spec.name, rows):
+            stored = self._insert_packed(cur, spec, rows)
+        elif not late:
+            stored = self._insert_unindexed(cur, target, rows, into)
+        else:
+            known = self._newest.get(target.name)
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                stored = self._insert_unindexed(cur, target, rows, into)
+                if stored:
+                    for sql in increases.repair_statements(spec, late):
+                        cur.execute(sql)
+            except BaseException:
+                cur.execute("ROLLBACK")
+                self._newest[target.name] = known
+                raise
+            cur.execute("COMMIT")
+        last.commit(newest)
+        return stored
+
+    def _newest_ts(self, cur: duckdb.DuckDBPyConnection, table: str, column: str = "ts_ns") -> int | None:
+        """The largest ``column`` (the key's time) stored in ``table``, kept once read; every
+        insert moves it."""
+        if table not in self._newest:
+            got = cur.execute(f"SELECT max({column}) FROM {table}").fetchone()
+            self._newest[table] = None if not got or got[0] is None else int(got[0])
+        return self._newest[table]
+
+    def _fresh_slices(self, cur: duckdb.DuckDBPyConnection, table: str, rows: Batch) -> bool:
+        """:meth:`write_closed` rule 1: every point of ``rows`` in a slice after the newest
+        stored point's slice (and at or after 0, where slices start)."""
+        lo, _ = _ts_range(rows, "ts_ns")
+        newest = self._newest_ts(cur, points_name(table))
+        return lo >= 0 and (newest is None or lo >= (newest // series.SLICE_NS + 1) * series.SLICE_NS)
+
+    def _insert_packed(self, cur: duckdb.DuckDBPyConnection, spec: Table, rows: Batch) -> int:
+        """:meth:`write_closed` rule 1: the points (one per key: ``DISTINCT ON`` as in
+        :meth:`_insert_unindexed` rule 1) into a temp table, then packed from it, in one
+        transaction."""
+        distinct = "" if rows.unique else "DISTINCT ON (ts_ns, series_id) "
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            sql = f"CREATE OR REPLACE TEMP TABLE _points AS SELECT {distinct}* FROM _stream"
+            run_on_stream(cur, sql, rows)
+            tix, insert, *rest = series.packed_insert_statements(spec, "_points")
+            cur.execute(tix)
+            got = cur.execute(insert).fetchone()
+            for sql in [*rest, "DROP TABLE _points"]:
+                cur.execute(sql)
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        cur.execute("COMMIT")
+        _, hi = _ts_range(rows, "ts_ns")
+        newest = self._newest[points_name(spec.name)]
+        self._newest[points_name(spec.name)] = hi if newest is None else max(newest, hi)
+        return int(got[0]) if got else 0
 
     def _insert_unindexed(
         self, cur: duckdb.DuckDBPyConnection, spec: Table, batch: Any, into: str = ""
@@ -400,10 +512,7 @@ class Store(RowCounts):
         table = spec.name
         cols, key = ", ".join(spec.column_names), ", ".join(spec.key)
         lo, hi = _ts_range(batch, spec.key[0])
-        if table not in self._newest:
-            got = cur.execute(f"SELECT max({spec.key[0]}) FROM {table}").fetchone()
-            self._newest[table] = None if not got or got[0] is None else int(got[0])
-        newest = self._newest[table]
+        newest = self._newest_ts(cur, table, spec.key[0])
         where = ""
         if newest is not None and lo <= newest:
             match = " AND ".join(f"l.{k} = b.{k}" for k in spec.key)
@@ -475,6 +584,8 @@ class Store(RowCounts):
         if now_ns - self._state("series_pruned_ns") >= SERIES_PRUNE_NS:
             for name, index in self._series.items():
                 done[f"pruned_{name}_series"] = index.prune(self.con)
+                if done[f"pruned_{name}_series"] and name in self._last:
+                    self._last[name].forget()  # a pruned series' id may be given again
             self._set_state("series_pruned_ns", now_ns)
         roll_before = now_ns - int(retention.rollup_s * 1e9)
         for table in ("gpu_samples_1m", "engine_samples_1m", "histogram_buckets_1m"):

@@ -95,7 +95,7 @@ class StepModel:
         mean_ctx = ctx / batch if batch else 0.0
         isl = max(prefill, 1)
         terms = perf.step_time(s, batch, mean_ctx, float(prefill), isl)
-        gpu_part = max(terms["decode_hbm_s"], terms["decode_compute_s"])
+        gpu_part = terms["decode_kernels_s"]  # each kernel on its own roofline, one stage
         comm_nominal = sum(terms.get(k, 0.0) for k in COMM_TERMS)
         host = max(terms["decode_step_s"] - gpu_part - comm_nominal, 0.0)
         comm, calls = self._comm(terms, now)

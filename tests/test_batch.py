@@ -77,6 +77,36 @@ def test_concat_with_column_and_take_share_nothing_they_change() -> None:
         both.with_column("value", [1.0])
 
 
+def test_runs_survive_only_what_keeps_each_run_one_series(tmp_path: Path) -> None:
+    """Batch rule 5, and the store's series lookup once a run gives the ids a lookup per row gives
+    (a series new in the middle of the batch included)."""
+    rows = batch(
+        "gpu_samples",
+        {
+            "ts_ns": [1, 2, 3, 1, 2, 1],
+            "host": ["h"] * 6,
+            "uuid": ["G0", "G0", "G0", "G1", "G1", "G2"],
+            "metric": ["m"] * 6,
+            "value": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+        },
+    )
+    rows.runs = [3, 2, 1]
+    assert rows.with_column("value", [0.0] * 6).runs == [3, 2, 1]
+    assert rows.with_column("ts_ns", [9] * 6).runs == [3, 2, 1]
+    assert rows.with_column("uuid", ["x"] * 6).runs is None and rows.take([0, 1]).runs is None
+    assert Batch.concat([rows, rows]).runs == [3, 2, 1, 3, 2, 1]
+    assert Batch.concat([rows, rows.take([0])]).runs is None
+    with Store(tmp_path / "a.duckdb") as a, Store(tmp_path / "b.duckdb") as b:
+        a.write("gpu_samples", rows.take([0]))  # G0 known before, G1 and G2 new
+        b.write("gpu_samples", rows.take([0]))
+        plain = rows.take(range(6))
+        assert plain.runs is None
+        assert a.write("gpu_samples", rows) == b.write("gpu_samples", plain) == 5
+        got = "SELECT ts_ns, uuid, value, series_id "
+        got += "FROM gpu_samples_points JOIN gpu_samples_series USING (series_id)"
+        assert sorted(a.con.execute(got).fetchall()) == sorted(b.con.execute(got).fetchall())
+
+
 def test_store_writes_batches_idempotently_and_refuses_another_table(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.duckdb")
     rows = batch(

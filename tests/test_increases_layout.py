@@ -159,3 +159,28 @@ def test_both_paths_equal_the_nine_column_reference(store: Store, bin_s: float |
         wide, points = _both(fn, store, **kw)
         assert ref.height > 0
         assert _same(ref, points) and _same(ref, wide)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bin_s", [30.0, 900.0])
+def test_regression_gauges_read_the_same_from_points_and_views(store: Store, bin_s: float) -> None:
+    """The regression's KV, fabric and clock axes (``regression_axes._gauges``) per bin: the
+    points of the chosen series against the wide views."""
+    import analyzer.regression_axes as axes
+    from analyzer.deployments import list_deployments
+
+    bin_ns = int(bin_s * NS)
+    n = (END_NS - START_NS) // bin_ns
+    with store.cursor() as cur:
+        dep = list_deployments(cur)[0]
+        points = axes._gauges(cur, dep, START_NS, END_NS, bin_ns, n)
+        original = axes.has_points
+        axes.has_points = lambda *a: False  # type: ignore[assignment]
+        try:
+            wide = axes._gauges(cur, dep, START_NS, END_NS, bin_ns, n)
+        finally:
+            axes.has_points = original
+    assert set(points) == set(wide) == {"kv_pressure", "fabric_bytes", "clocks"}
+    for axis, got in points.items():
+        assert got.source == wide[axis].source
+        assert got.num.tolist() == pytest.approx(wide[axis].num.tolist(), rel=1e-12)
+        assert got.den.tolist() == wide[axis].den.tolist()

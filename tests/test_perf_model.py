@@ -266,3 +266,19 @@ def test_short_prompt_prefill_reads_the_weights_at_least_once() -> None:
     t = perf.prefill_time(s, 16, 16)
     assert t["prefill_hbm_s"] > 5 * t["prefill_compute_s"]
     assert t["prefill_s"] >= cap.weights_per_gpu(m, "bf16", Layout(tp=4)) / 3.35e12
+
+
+def test_a_riding_prompt_does_not_hide_the_decodes_kv_read() -> None:
+    # Llama-3.1-8B BF16 on one H100, 64 decodes at 4,000 tokens of context with 4,096 prompt
+    # tokens riding in the step. The prompt's GEMMs are compute-bound (4,096 tokens ≫ the
+    # ~300 FLOP/B ridge) and the decodes' attention reads their KV; the two are different
+    # kernels run one after the other, so the step's kernels take at least the KV read at the
+    # HBM rate plus the prompt's GEMM FLOPs at the compute rate (not the larger of the totals).
+    m = modelcfg.load("llama-3.1-8b")
+    s = perf.Setup(m, H100, Layout(), "bf16", "vllm")
+    e = s.eff
+    t = perf.step_time(s, 64, 4000, 4096.0, 4096)
+    kv_s = 64 * 4000 * 131072 / (H100.hbm_bytes_per_s * e.hbm_eff)  # 128 KiB per token (32 × 8 × 128 × 2 × 2)
+    gemm_s = 2 * (m.active_params() - m.vocab * m.hidden) * 4096 / (H100.peak_flops("bf16") * e.mfu)
+    assert t["decode_kernels_s"] >= (kv_s + gemm_s) * (1 - 1e-9)
+    assert t["decode_kernels_s"] > max(t["decode_hbm_s"], t["decode_compute_s"])

@@ -6,7 +6,11 @@ Expected answers come from arithmetic written here, not from the model's own ter
      the same TP, concurrency and shape: it multiplies through at least the same weights and
      reads at least as many.
   2. A routed expert that receives m < 64 tokens costs a whole 64-row tile: the useful share is
-     m / 64 (Hopper wgmma M = 64; vLLM pads each expert's tokens to its block).
+     m / 64 (Hopper wgmma M = 64; vLLM pads each expert's tokens to its block). A step's tokens
+     reach E × (1 − (1 − k/E)^tokens) distinct experts (each token picks k of E), and the step
+     reads those experts' weights.
+  5. The MoE block's four extra small kernels (router GEMM, top-k, token sort, weighted sum)
+     cost 3 µs each per MoE layer.
   3. EP all-to-all: the bytes a rank sends are the token's hidden state (2 B per element) once to
      each remote rank holding one of its experts; spanning a second node over a NIC slower than
      NVLink never makes it faster.
@@ -70,14 +74,44 @@ def test_moe_is_never_more_optimistic_than_its_dense_twin(
 def test_an_expert_with_few_tokens_costs_a_whole_tile() -> None:
     m, g = modelcfg.load("qwen3-30b-a3b"), catalog.gpu("h200_sxm")
     s = perf.Setup(m, g, Layout(tp=8, ep=8, attention_dp=True), "fp8", "sglang")
-    # 64 tokens × top-8 = 512 pairs spread over EP8: 64 pairs on each rank's 16 experts, 4 each
-    assert perf.expert_gemm_efficiency(s, 64) == pytest.approx(4 / 64)
-    # 1,024 tokens: 64 per expert fill the tile exactly
+    # 64 tokens × top-8 = 512 pairs spread over EP8: 64 pairs on each rank; of its 16 experts
+    # 16 × (1 − (120/128)^64) = 15.74 are reached, 64 / 15.74 = 4.07 pairs each
+    assert perf.expert_gemm_efficiency(s, 64) == pytest.approx(64 / (16 * (1 - (120 / 128) ** 64)) / 64)
+    # 1,024 tokens: every expert reached, 64 each fill the tile exactly
     assert perf.expert_gemm_efficiency(s, 1024) == pytest.approx(1.0)
     # one token touches 8 experts (on one rank at most 8 of its 16): one row of a 64-row tile
     assert perf.expert_gemm_efficiency(s, 1) == pytest.approx(1 / 64)
     dense = perf.Setup(modelcfg.load("qwen3-32b"), g, Layout(tp=8), "fp8", "sglang")
     assert perf.expert_gemm_efficiency(dense, 7) == 1.0
+
+
+@pytest.mark.parametrize(("tokens", "want"), [(1, 8.0), (16, 128 * (1 - (15 / 16) ** 16)), (256, 128.0)])
+def test_decode_reads_the_union_of_the_experts_its_tokens_reach(tokens: int, want: float) -> None:
+    # Qwen3-30B-A3B: 128 experts, top-8, on one GPU. One token reaches its 8 experts; 16 tokens
+    # reach 128 × (1 − (15/16)^16) = 82.3 distinct ones (not 16 × 8 = 128: they share); 256
+    # tokens reach all but 128 × (15/16)^256 ≈ 10⁻⁵ of them.
+    m, g = modelcfg.load("qwen3-30b-a3b"), catalog.gpu("h200_sxm")
+    s = perf.Setup(m, g, Layout(tp=1), "fp8", "vllm")
+    assert perf.touched_experts(s, tokens) == pytest.approx(want, rel=1e-4)
+    expert_bytes = m.expert_params() * 1  # FP8: one byte per parameter
+    full = cap.weights_per_gpu(m, "fp8", s.layout)
+    unread = m.moe_layers * (128 - want) * expert_bytes
+    assert perf.touched_weight_bytes(s, tokens) == pytest.approx(full - unread, rel=1e-4)
+    # EP4: each GPU holds 32 experts and sees every token of the replica
+    ep = dataclasses.replace(s, layout=Layout(tp=4, ep=4))
+    assert perf.touched_experts(ep, tokens) == pytest.approx(want / 4, rel=1e-4)
+
+
+def test_moe_block_pays_four_short_kernels_per_layer() -> None:
+    # 48 MoE layers × 4 extra kernels × 3 µs = 0.576 ms on one stage; a dense model pays none
+    m, g = modelcfg.load("qwen3-30b-a3b"), catalog.gpu("h200_sxm")
+    s = perf.Setup(m, g, Layout(tp=1), "fp8", "vllm")
+    assert perf.moe_kernel_time(s) == pytest.approx(48 * 4 * 3e-6)
+    assert perf.step_time(s, 8, 1000, 0.0, 1000)["decode_moe_kernels_s"] == pytest.approx(0.576e-3)
+    pp2 = dataclasses.replace(s, layout=Layout(tp=1, pp=2))
+    assert perf.moe_kernel_time(pp2) == pytest.approx(24 * 4 * 3e-6)
+    dense = perf.Setup(modelcfg.load("qwen3-32b"), g, Layout(tp=1), "fp8", "vllm")
+    assert perf.moe_kernel_time(dense) == 0.0
 
 
 def test_alltoall_bytes_and_crossing_a_node() -> None:

@@ -249,6 +249,9 @@ def test_windows_respect_the_point_limits_and_cover_the_range_once(stand_in: Cal
         )
         assert windows[0].start_ns == 1001 * step and windows[-1].end_ns == end
         assert all(b.start_ns == a.end_ns + step for a, b in itertools.pairwise(windows))
+        # rule 5: where a window can hold an hour of every series, windows are cut at hour edges
+        hour = 3600 * NS
+        assert all((w.start_ns % hour == 0) == (cap >= 388 * 240) for w in windows[1:])
         queried = {
             n
             for p in windows[0].pieces
@@ -288,6 +291,24 @@ def test_backfill_sends_auth_and_headers_and_stores_the_rows(stand_in: Callable[
     basic = Endpoint(server.url, basic_user="u", basic_password="p")
     PromApi(basic).series('{a="b"}', 0, NS)
     assert server.requests[-1][2]["authorization"] == "Basic dTpw"
+
+
+def test_a_backfill_writes_whole_hours_packed(stand_in: Callable[..., StandIn], tmp_path: Path) -> None:
+    """Rule 5: three hours at 60 s in one window go to the store packed as they are written;
+    nothing waits in T_recent for the close, and the rows are those of the answer."""
+    start = T0_S // 3600 * 3600
+    points = [(start + 60 * i, str(i)) for i in range(180)]
+    server = stand_in(_prometheus({"DCGM_FI_DEV_GPU_UTIL": [(UTIL, points)]}))
+    mapping = Mapping(step_s=60.0, selectors=ONE.selectors)
+    with Store(tmp_path / "s.duckdb") as st:
+        progress = backfill(PromApi(Endpoint(server.url)), mapping, st, start * NS, (start + 179 * 60) * NS)
+        assert progress.rows["gpu_samples"] == 180
+        got = st.con.execute(
+            "SELECT count(*) FROM gpu_samples_recent UNION ALL SELECT count(*) FROM gpu_samples_packed"
+        )
+        assert got.fetchall() == [(0,), (180,)]
+        got = st.con.execute("SELECT count(*), sum(value), min(ts_ns) FROM gpu_samples").fetchone()
+        assert got == (180, pytest.approx(sum(range(180)) / 100), start * NS)  # GPU_UTIL % -> ratio
 
 
 BAD = [

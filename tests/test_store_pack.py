@@ -20,7 +20,7 @@ import duckdb
 import pytest
 
 from collector.records import TABLES, batch
-from collector.store import PACK_GRACE_NS, Retention, Store
+from collector.store import PACK_GRACE_NS, SCHEMA_VERSION, Retention, Store
 
 NS = 1_000_000_000
 HOUR = 3600 * NS
@@ -169,7 +169,7 @@ def test_a_schema_3_file_keeps_its_points_and_gets_the_packed_layout(tmp_path: P
     con.execute(f"INSERT INTO gpu_samples_points SELECT {BASE} + i * {NS}, 0, i FROM range(100) AS r(i)")
     con.close()
     with Store(path) as store:
-        assert store.schema_version() == 4
+        assert store.schema_version() == SCHEMA_VERSION
         kinds = dict(
             store.con.execute("SELECT table_name, table_type FROM information_schema.tables").fetchall()
         )
@@ -280,9 +280,11 @@ def test_a_kill_during_packing_loses_no_point(tmp_path: Path, delay_s: float) ->
 
 def test_an_hour_is_packed_under_a_collectors_memory_cap(tmp_path: Path) -> None:
     """The collector-only sidecar caps DuckDB at 32MB; an hour of one node's histogram buckets
-    (~2.9 M points) is larger. Here 720,000 points under a 16MB cap: the sort spills, nothing is
-    held aside in memory, and every point is kept."""
-    store = Store(tmp_path / "s.duckdb", threads=1, memory_limit="16MB")
+    (~2.9 M points) is larger. Here 720,000 points under a 20MB cap: the sort spills, nothing is
+    held aside in memory, and every point is kept. (16MB held this sort until the points kept
+    their increase, 8 more bytes a point in the sort: it then failed at 16MB and passed at 18MB;
+    2.88 M points pack under 32MB.)"""
+    store = Store(tmp_path / "s.duckdb", threads=1, memory_limit="20MB")
     n = 200
     for part in range(10):  # 360 scrapes a write
         ks = range(part * 360, (part + 1) * 360)
@@ -303,4 +305,92 @@ def test_an_hour_is_packed_under_a_collectors_memory_cap(tmp_path: Path) -> None
         == expected
     )
     assert _count(store, "histogram_buckets_recent") == 0
+    store.close()
+
+
+def _runs(rows: Any) -> Any:
+    """``rows`` (time-major, as ``_gpu`` builds them) reordered series-major, with their runs
+    (Batch rule 5): one run per series, as a backfill's matrix answer gives them."""
+    sids = rows["uuid"]
+    order = sorted(range(rows.height), key=lambda i: (int(sids[i].split("-")[1]), rows["ts_ns"][i]))
+    taken = rows.take(order)
+    taken.runs = [sids.count(u) for u in dict.fromkeys(taken["uuid"])]
+    return taken
+
+
+def test_closed_slices_are_written_packed_and_read_as_written(tmp_path: Path) -> None:
+    """Store.write_closed rules 1-3: two fresh hours go straight to the packed form (nothing in
+    T_recent), sorted like a pass packs them; a batch reaching into a slice with points goes
+    the ordinary way; replays add nothing; every reader sees what a plain write gives."""
+    plain = Store(tmp_path / "plain.duckdb")
+    closed = Store(tmp_path / "closed.duckdb")
+    # hours 0-1 in one batch (a backfill window of two slices), series-major with runs
+    two = _runs(_gpu(0, n_series=3))
+    two = type(two).concat([two, _runs(_gpu(1, n_series=3))])
+    assert plain.write("gpu_samples", _gpu(0, n_series=3)) == 60 * 3
+    assert plain.write("gpu_samples", _gpu(1, n_series=3)) == 60 * 3
+    assert closed.write_closed("gpu_samples", two) == 2 * 60 * 3
+    assert _count(closed, "gpu_samples_recent") == 0 and _count(closed, "gpu_samples_packed") == 2 * 60 * 3
+    with closed.cursor() as cur:
+        rows = cur.execute("SELECT series_id, tix FROM gpu_samples_packed").fetchall()
+        times = cur.execute(
+            "SELECT count(*), count(DISTINCT tix), min(tix) FROM gpu_samples_times"
+        ).fetchone()
+    assert times == (120, 120, 0)
+    for hour in range(2):  # each slice sorted by series, even series rising in time, odd falling
+        part = [(s, t) for s, t in rows if hour * 60 <= t < (hour + 1) * 60]
+        assert part == rows[hour * 180 : (hour + 1) * 180]
+        assert [s for s, _ in part] == sorted(s for s, _ in part)
+        for sid in range(3):
+            run = [t for s, t in part if s == sid]
+            assert run == sorted(run, reverse=sid % 2 == 1)
+    # rule 2: a late point of hour 1 and a replay of hour 0 take the ordinary path
+    late = _gpu(1, n_series=1, step_s=3600, offset_s=30)
+    for store in (plain, closed):
+        assert store.write_closed("gpu_samples", late) == 1
+        assert store.write_closed("gpu_samples", _gpu(0, n_series=3)) == 0
+    assert _count(closed, "gpu_samples_recent") == 1
+    # the next hour is fresh again: packed; then the pass packs hour 1 with its late point
+    assert closed.write_closed("gpu_samples", _runs(_gpu(2, n_series=3))) == 60 * 3
+    assert plain.write("gpu_samples", _gpu(2, n_series=3)) == 60 * 3
+    assert _snapshot(closed) == _snapshot(plain)
+    assert closed.pack(BASE + 4 * HOUR)["packed_gpu_samples"] == 1
+    assert _count(closed, "gpu_samples_recent") == 0
+    assert _snapshot(closed) == _snapshot(plain)
+    plain.close()
+    closed.close()
+    with Store(tmp_path / "closed.duckdb", read_only=True) as a, Store(tmp_path / "plain.duckdb") as b:
+        assert _snapshot(a) == _snapshot(b)
+
+
+def test_closed_rows_repeating_a_key_are_stored_once(tmp_path: Path) -> None:
+    """Store._insert_unindexed rule 1 holds on the packed path: two rows of one series and time
+    (two Prometheus series that map to one store series) are one point."""
+    store = Store(tmp_path / "s.duckdb")
+    rows = _gpu(0, n_series=2)
+    doubled = type(rows).concat([rows, rows])
+    assert store.write_closed("gpu_samples", doubled) == 60 * 2
+    assert _count(store, "gpu_samples") == 60 * 2 and _count(store, "gpu_samples_recent") == 0
+    store.close()
+
+
+def test_a_closed_write_that_fails_part_way_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Store.write_closed rule 1: one transaction. A statement failing after the packed rows are
+    inserted leaves neither packed rows nor times; the same write then goes through whole."""
+    from collector import series
+
+    real = series.packed_insert_statements
+    monkeypatch.setattr(
+        series, "packed_insert_statements", lambda spec, src: [*real(spec, src), "SELECT error('disk full')"]
+    )
+    store = Store(tmp_path / "s.duckdb")
+    with pytest.raises(duckdb.Error, match="disk full"):
+        store.write_closed("gpu_samples", _gpu(0, n_series=2))
+    for table in ("gpu_samples", "gpu_samples_packed", "gpu_samples_times"):
+        assert _count(store, table) == 0
+    monkeypatch.setattr(series, "packed_insert_statements", real)
+    assert store.write_closed("gpu_samples", _gpu(0, n_series=2)) == 60 * 2
+    assert _count(store, "gpu_samples_packed") == 60 * 2 and _count(store, "gpu_samples_times") == 60
     store.close()

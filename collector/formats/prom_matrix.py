@@ -172,11 +172,13 @@ class _Group:
         """The rows of the first points, each repeated over its series' points with their values."""
         value_column = VALUE_COLUMN[table]
         data: dict[str, list[Any]] = {c: [] for c in rows.columns}
+        runs = []  # Batch rule 5: one run per series
         for r, (i, factor, _) in enumerate(trace):
             if i in slow:
                 continue
             _, _, stamps, values = self.series[i]
             n = len(stamps)
+            runs.append(n)
             for column, out in data.items():
                 if column == "ts_ns":
                     out.extend(stamps)
@@ -184,7 +186,7 @@ class _Group:
                     out.extend(values if factor == 1.0 else map(mul, values, repeat(factor)))
                 else:
                     out.extend(repeat(rows[column][r], n))
-        return Batch(table, data, len(data["ts_ns"]))
+        return Batch(table, data, len(data["ts_ns"]), runs=runs)
 
     def point_by_point(self, which: Iterable[int], source: str, host: str) -> Parsed:
         """The mappers over every point of the series ``which``; each row gets its own time."""

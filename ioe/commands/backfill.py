@@ -12,7 +12,8 @@ Rules:
      backfilled rows under the declared layouts, as it would the sidecar's.
   3. The store's DuckDB buffer pool is capped (:data:`MEMORY_LIMIT`, or ``store_memory_limit``), so
      memory stays bounded however long the range: the reads are bounded by windows
-     (prometheus_api rule 4) and the written rows are not kept cached.
+     (prometheus_api rule 4) and the written rows are not kept cached. The windows' hours are
+     written packed as they come (prometheus_api rule 5), so the close has nothing left to pack.
   4. A bad option or setting is one line and exit 2. A Prometheus that fails mid-way is one line
      naming the URL, the query and what was wrong, and exit 1; the rows written before stay
      (the summary says how many), and running the command again adds only what is missing.
@@ -36,6 +37,16 @@ NS = 1_000_000_000
 # default (80 % of RAM) the written blocks stay cached: 7 days of an 8-GPU node peaked at 461 MB
 # resident (bench/results/promsrc.md); the rows go to disk either way.
 MEMORY_LIMIT = "128MB"
+# DuckDB worker threads of the store being filled. The reader is one Python thread and the
+# Prometheus it reads often runs on the same host; a second DuckDB thread only added scheduling
+# cost to each window's sort and insert (2 threads: 1.6x the CPU of 1 for the same rows on the
+# project's 2-core box, bench/results/promsrc.md).
+THREADS = 1
+# WAL size that triggers a checkpoint in the store being filled (DuckDB's default; a collector's
+# store uses 4MB). Each checkpoint rewrites the partly filled last row group of every table a
+# window appended to: at 4MB that was every window's commit, ~10 % of the command's CPU; 16MB
+# costs ~15 MB more resident (2 days of an 8-GPU node: bench/results/promsrc.md).
+WAL_AUTOCHECKPOINT = "16MB"
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -154,7 +165,12 @@ def _run(store: Path, settings: Any, specs: list[Any], start_ns: int, end_ns: in
     out: dict[str, Any] = {"store": str(store), "start_ns": start_ns, "end_ns": end_ns, "sources": []}
     out["error"] = ""
     try:
-        st = Store(store, memory_limit=settings.store_memory_limit or MEMORY_LIMIT)
+        st = Store(
+            store,
+            threads=THREADS,
+            memory_limit=settings.store_memory_limit or MEMORY_LIMIT,
+            wal_autocheckpoint=WAL_AUTOCHECKPOINT,
+        )
     except Exception as exc:
         fail(f"{COMMAND}: {store_problem(store, exc)}")
     with st:

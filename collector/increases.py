@@ -1,0 +1,276 @@
+"""The reset-aware increase of every counter point, stored beside its value.
+
+A window's counter increase (tokens generated, requests, a histogram bucket's observations) is
+the sum of the steps between consecutive points of each series, a drop counting as a reset.
+Taken at read time that needs every series' points in time order — a sort of the window
+(DuckDB's ``lag()``), 20-30× a scan of the same rows (``bench/results/envelope_scale.md``). So
+the store writes each point's step as it writes the point: the points of a raw table with a
+``Table.counter`` (``engine_samples``: ``value``; ``histogram_buckets``: ``cumulative_count``)
+carry an ``increase`` column, and a window's increase is a plain ``SUM``.
+
+Rules:
+
+1. A point's ``increase`` is its step from the previous point of its series in time order
+   (:func:`step`): ``c − prev`` when ``c ≥ prev``, else ``c`` (a reset: the counter restarted
+   from 0); 0 when the previous point's value is NULL; NULL when its own value is NULL and the
+   previous one is not. These are exactly the cases of the read-time statement it replaces
+   (``CASE WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END``), NaN included
+   (DuckDB orders NaN above every number; either way the step is NaN or ``c``).
+2. The first point of a series has no previous point: its ``increase`` is NULL ("unknown"),
+   never read (rule 5).
+3. The store's writer keeps the newest point (``ts_ns``, value) of each series in memory
+   (:class:`LastPoints`, loaded from the file for series it has not seen since it opened), so a
+   batch newer than every stored point of its series — a sidecar's scrapes, an ingest or
+   backfill written forward in time — gets its increases in one pass over the batch.
+4. A batch with a point older than the newest stored point of its series (a late sample, a
+   backfill written backwards) changes the previous point of stored points: the batch is
+   inserted, then the increases of its late series from their first batch point to the first
+   stored point after their last batch point are computed again from the stored points and
+   updated where they differ (recent and packed), in the same transaction
+   (:func:`repair_statements`). This costs a scan of the late series' points; a writer that
+   writes each series forward in time never pays it.
+5. Readers (``analyzer.latency``) read the window ``(start, end]`` and its look-back
+   ``(lower, start]``: a point in ``(start, end]`` counts its stored increase unless it is the
+   first point of its series in ``(lower, end]`` (its previous point, if any, is at or before
+   ``lower``), which counts 0. That is exactly what ``lag()`` over ``(lower, end]`` gave: a
+   point whose previous point is inside the read range has the same step either way; the first
+   one read had no ``prev``. Retention deletes whole old points only, so a stored step is never
+   read with its previous point missing from inside the range.
+6. A file without the column (schema 4 and older) gets it on open for writing, every stored
+   point's step computed at once (:func:`fill_statements`); opened read-only it is read with
+   ``lag()`` as before.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from collector.records import INCREASE, Table, points_name
+from collector.series import SLICE_NS, packed_name, recent_name, times_name
+
+if TYPE_CHECKING:
+    import duckdb
+
+# What :meth:`LastPoints.increases` hands to :meth:`LastPoints.commit`: ``(series_id, (ts_ns,
+# value))`` pairs, each newer than its series' last stored point.
+Newest = Iterable[tuple[int, tuple[int, Any]]]
+
+# Rule 1 in SQL over ``c`` (the value), ``prev`` and ``prev_ts`` (the previous point's value and
+# time, NULL for a series' first point: rule 2).
+MANY = 2000  # rows from which a batch's increases are computed with numpy (LastPoints._many)
+STEP_SQL = (
+    "CASE WHEN prev_ts IS NULL THEN NULL WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END"
+)
+
+
+def step(c: Any, prev: Any) -> Any:
+    """Rule 1 for a point of value ``c`` whose previous point holds ``prev``."""
+    if prev is None:
+        return 0.0
+    if c is None:
+        return None
+    return c - prev if c >= prev else c
+
+
+class LastPoints:
+    """Rule 3: the newest stored point ``(ts_ns, value)`` of each series of one counter table.
+
+    Only the store's writer uses it, under the store's lock. ``None`` for a series with no
+    stored point. Entries change only through :meth:`commit`, after the write that stored them."""
+
+    def __init__(self, spec: Table):
+        self.spec = spec
+        self._last: dict[int, tuple[int, Any] | None] = {}
+
+    def forget(self) -> None:
+        """Drop what is known (series were pruned: their ids may be given again)."""
+        self._last.clear()
+
+    def increases(
+        self,
+        cur: duckdb.DuckDBPyConnection,
+        ids: Sequence[int],
+        ts: Sequence[int],
+        values: Sequence[Any],
+        first_new: int,
+    ) -> tuple[list[Any], dict[int, tuple[int, int]], Newest]:
+        """Rules 1-4 for one batch: the increase of each row, the late series (``{series_id:
+        (first, last ts_ns of its batch rows)}``, rule 4) and the newest points to
+        :meth:`commit` once the batch is stored. ``first_new``: series ids from it on were
+        created for this batch (no stored point)."""
+        fast = self._one_step(ids, ts, values) if len(ts) < MANY else None
+        if fast is not None:
+            return fast
+        self._load(cur, {s for s in set(ids) if s < first_new and s not in self._last})
+        if len(ts) >= MANY:
+            return self._many(ids, ts, values, first_new)
+        n = len(ts)
+        ordered = all(ts[i] <= ts[i + 1] for i in range(n - 1))
+        order = range(n) if ordered else sorted(range(n), key=ts.__getitem__)
+        out: list[Any] = [None] * n
+        newest: dict[int, tuple[int, Any]] = {}
+        given: dict[int, Any] = {}  # the increase of the batch's newest row of each series
+        late: dict[int, tuple[int, int]] = {}
+        last = self._last
+        for i in order:
+            sid, t, v = ids[i], ts[i], values[i]
+            got = newest.get(sid) if sid in newest else None if sid >= first_new else last.get(sid)
+            if got is None:  # rule 2
+                newest[sid], given[sid] = (t, v), None
+                continue
+            pt, pv = got
+            if t > pt:
+                out[i] = given[sid] = step(v, pv)
+                newest[sid] = (t, v)
+            elif t == pt:  # the same key again: a replay (not stored) or a duplicate in the batch
+                out[i] = given.get(sid)
+            else:  # rule 4
+                lo, hi = late.get(sid, (t, t))
+                late[sid] = (min(lo, t), max(hi, t))
+        return out, late, newest.items()
+
+    def _one_step(
+        self, ids: Sequence[int], ts: Sequence[int], values: Sequence[Any]
+    ) -> tuple[list[Any], dict[int, tuple[int, int]], Newest] | None:
+        """The sidecar's batch: one point per series, each newer than its series' stored last
+        point (list comprehensions, no per-row call); None for any other batch."""
+        got = list(map(self._last.get, ids))  # a series new or not yet loaded is not there: None
+        if None in got or len(set(ids)) != len(ids):
+            return None
+        prev = cast("list[tuple[int, Any]]", got)
+        if not all(map(operator.lt, [p[0] for p in prev], ts)):
+            return None
+        out = [
+            0.0 if pv is None else None if v is None else v - pv if v >= pv else v
+            for v, (_, pv) in zip(values, prev, strict=True)
+        ]
+        return out, {}, zip(ids, zip(ts, values, strict=True), strict=True)
+
+    def _many(
+        self, ids: Sequence[int], ts: Sequence[int], values: Sequence[Any], first_new: int
+    ) -> tuple[list[Any], dict[int, tuple[int, int]], Newest]:
+        """Rules 1-4 for a large batch (an ingest's or a backfill's), with numpy: the rows sorted
+        by series and time, each row's previous point the row before it in its series, or for a
+        series' first row its stored last point. A series whose first batch row is not newer
+        than its stored last point is late (rule 4: its batch range is computed again after the
+        insert, so its rows' increases here do not matter)."""
+        import numpy as np
+
+        sid, t = np.asarray(ids, dtype=np.int64), np.asarray(ts, dtype=np.int64)
+        x = np.asarray(values, dtype=np.float64)  # None -> NaN; which were None is kept apart
+        null = np.zeros(len(x), dtype=bool)
+        nan = np.flatnonzero(np.isnan(x)).tolist()
+        null[nan] = [values[i] is None for i in nan]
+        order = np.lexsort((t, sid))
+        s, t, x, null = sid[order], t[order], x[order], null[order]
+        first = np.ones(len(s), dtype=bool)
+        first[1:] = s[1:] != s[:-1]
+        starts = np.flatnonzero(first)
+        ends = np.r_[starts[1:], len(s)] - 1
+        prev_x = np.r_[np.nan, x[:-1]]
+        prev_null = np.r_[True, null[:-1]]
+        none = np.zeros(len(s), dtype=bool)  # rows with no previous point (rule 2)
+        late: dict[int, tuple[int, int]] = {}
+        newest: dict[int, tuple[int, Any]] = {}
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):  # once per series
+            series = int(s[a])
+            got = None if series >= first_new else self._last.get(series)
+            if got is None:
+                none[a] = True
+            elif t[a] <= got[0]:
+                late[series] = (int(t[a]), int(t[b]))
+            else:
+                prev_x[a], prev_null[a] = (np.nan, True) if got[1] is None else (got[1], False)
+            if got is None or t[b] > got[0]:
+                newest[series] = (int(t[b]), None if null[b] else float(x[b]))
+        with np.errstate(invalid="ignore"):
+            inc = np.where(prev_null, 0.0, np.where(x >= prev_x, x - prev_x, x))
+        missing = none | (null & ~prev_null)  # NULL: no previous point, or a NULL value after a value
+        got_back = np.empty(len(s), dtype=np.float64)
+        got_back[order] = inc
+        gone = np.zeros(len(s), dtype=bool)
+        gone[order] = missing
+        out: list[Any] = got_back.tolist()
+        for i in np.flatnonzero(gone).tolist():
+            out[i] = None
+        return out, late, newest.items()
+
+    def commit(self, newest: Newest) -> None:
+        """Rule 3: the batch was stored; ``newest`` (from :meth:`increases`: only points newer
+        than their series' last one) is now the last point."""
+        self._last.update(newest)
+
+    def _load(self, cur: duckdb.DuckDBPyConnection, unknown: set[int]) -> None:
+        """The newest stored point of each series of ``unknown``: looked for in the newest two
+        slices first (a writer reopened on its own file finds every live series there), then
+        everywhere for the rest."""
+        if not unknown:
+            return
+        points, c = points_name(self.spec.name), self.spec.counter
+        recent = f"(SELECT max(ts_ns) FROM {points}) - {2 * SLICE_NS}"
+        for bound in (f" AND ts_ns >= {recent}", ""):
+            ids = ", ".join(str(int(s)) for s in sorted(unknown))
+            rows = cur.execute(
+                f"SELECT series_id, max(ts_ns), arg_max_null({c}, ts_ns) FROM {points} "
+                f"WHERE series_id IN ({ids}){bound} GROUP BY series_id"
+            ).fetchall()
+            for sid, t, v in rows:
+                self._last[int(sid)] = (int(t), v)
+                unknown.discard(int(sid))
+            if not unknown:
+                return
+        for sid in unknown:  # no stored point (retention deleted them all)
+            self._last[sid] = None
+
+
+def _apply_statements(spec: Table) -> list[str]:
+    """Write the steps of ``_fix (series_id, ts_ns, inc)`` into both point forms where they differ."""
+    t = spec.name
+    return [
+        f"UPDATE {recent_name(t)} AS r SET {INCREASE} = f.inc FROM _fix AS f "
+        f"WHERE r.series_id = f.series_id AND r.ts_ns = f.ts_ns AND r.{INCREASE} IS DISTINCT FROM f.inc",
+        f"UPDATE {packed_name(t)} AS p SET {INCREASE} = f.inc "
+        f"FROM _fix AS f JOIN {times_name(t)} AS x ON x.ts_ns = f.ts_ns "
+        f"WHERE p.series_id = f.series_id AND p.tix = x.tix AND p.{INCREASE} IS DISTINCT FROM f.inc",
+        "DROP TABLE _fix",
+    ]
+
+
+def fill_statements(spec: Table) -> list[str]:
+    """Rule 6: the step of every stored point (run in the transaction that added the column)."""
+    c = spec.counter
+    return [
+        f"CREATE OR REPLACE TEMP TABLE _fix AS SELECT series_id, ts_ns, {STEP_SQL} AS inc FROM ("
+        f"SELECT series_id, ts_ns, {c} AS c, lag({c}) OVER w AS prev, lag(ts_ns) OVER w AS prev_ts "
+        f"FROM {points_name(spec.name)} WINDOW w AS (PARTITION BY series_id ORDER BY ts_ns))",
+        *_apply_statements(spec),
+    ]
+
+
+def repair_statements(spec: Table, late: dict[int, tuple[int, int]]) -> list[str]:
+    """Rule 4: the steps of the late series' points from each one's first batch point ``lo`` to
+    the first point after its last batch point ``hi``, computed again (run in the transaction
+    that inserted the batch, after the insert)."""
+    c, points = spec.counter, points_name(spec.name)
+    spans = ", ".join(f"({int(s)}, {int(lo)}, {int(hi)})" for s, (lo, hi) in sorted(late.items()))
+    return [
+        f"CREATE OR REPLACE TEMP TABLE _late AS SELECT * FROM (VALUES {spans}) AS v(series_id, lo, hi)",
+        f"""CREATE OR REPLACE TEMP TABLE _fix AS
+            WITH b AS (
+                SELECT l.series_id, l.lo, l.hi,
+                       max(p.ts_ns) FILTER (WHERE p.ts_ns < l.lo) AS a,
+                       min(p.ts_ns) FILTER (WHERE p.ts_ns > l.hi) AS z
+                FROM {points} AS p JOIN _late AS l USING (series_id) GROUP BY ALL
+            ), s AS (
+                SELECT p.series_id, p.ts_ns, b.lo, p.{c} AS c,
+                       lag(p.{c}) OVER w AS prev, lag(p.ts_ns) OVER w AS prev_ts
+                FROM {points} AS p JOIN b USING (series_id)
+                WHERE p.ts_ns >= coalesce(b.a, b.lo) AND p.ts_ns <= coalesce(b.z, b.hi)
+                WINDOW w AS (PARTITION BY p.series_id ORDER BY p.ts_ns)
+            )
+            SELECT series_id, ts_ns, {STEP_SQL} AS inc FROM s WHERE ts_ns >= lo""",
+        *_apply_statements(spec),
+        "DROP TABLE _late",
+    ]
