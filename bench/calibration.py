@@ -1,7 +1,8 @@
 """Error table of the performance model against measured TTFT/TPOT (the calibration CSV).
 
-Run: ``.venv/bin/python -m bench.calibration [CSV] [--cv [--jobs N]] [--fit]`` (``--jobs``: processes
-for the cross-validation's refits, default one per CPU). Default CSV is
+Run: ``.venv/bin/python -m bench.calibration [CSV] [--cv [--jobs N]] [--loso SYSTEM/BACKEND,...] [--fit]``
+(``--jobs``: processes for the cross-validation's refits, default one per CPU; ``--loso``: only the
+leave-one-shape-out medians of the named groups). Default CSV is
 ``tests/data/silicon/dense_calibration.csv`` (real H100/H200/B200/GB200 measurements, a subset of
 NVIDIA aiconfigurator's silicon sample; the same file as ``shared/fixtures/silicon``).
 
@@ -397,6 +398,14 @@ def main(argv: list[str]) -> None:
         refit(path)
         return
     jobs = int(argv[argv.index("--jobs") + 1]) if "--jobs" in argv else (os.cpu_count() or 1)
+    if "--loso" in argv:  # leave-one-shape-out of the named groups only (the full --cv adds LOMO)
+        for name in argv[argv.index("--loso") + 1].split(","):
+            system, _, backend = name.partition("/")
+            group = [r for r in read(path) if (r["system"], r["backend"]) == (system, backend)]
+            got = _summary(leave_one_shape_out(group, backend, jobs))
+            tpot, ttft = got["tpot_median"], got["ttft_median"]
+            print(f"{name}: LOSO TPOT {tpot:.1f} % TTFT {ttft:.1f} % ({len(group)} rows)")
+        return
     print(render(error_table(path, cv="--cv" in argv, jobs=jobs)))
 
 
