@@ -4,7 +4,8 @@ Rules:
   1. ``window`` is a whole number with an optional unit: up to 999999 s (``900``, ``900s``), 9999 m,
      99 h or 31 d (``15m``, ``6h``, ``7d``): exactly :data:`WINDOW_PATTERN`, which the OpenAPI
      schema publishes too. Anything else → 400 naming ``window`` and quoting the value.
-  2. ``at`` (the window end) is Unix seconds (up to 10 digits, optional fraction) or an ISO-8601
+  2. ``at`` (the window end) is Unix seconds (at most 4099999999, in 2099 like the dates: a time in
+     nanoseconds must fit 64 bits, which end in 2262; optional fraction) or an ISO-8601
      date or time (1970-2099, days 01-28 in the pattern so every match is a real date; UTC when it
      carries no zone): exactly :data:`AT_PATTERN`. Absent → the newest sample in the store, so a
      historical store is analyzed where its data is.
@@ -27,7 +28,7 @@ NS = 1_000_000_000
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 WINDOW_PATTERN = r"^([1-9][0-9]{0,5}s?|[1-9][0-9]{0,3}m|[1-9][0-9]?h|([1-9]|[12][0-9]|3[01])d)$"
 AT_PATTERN = (
-    r"^([0-9]{1,10}(\.[0-9]{1,9})?"
+    r"^(([0-9]{1,9}|[1-3][0-9]{9}|40[0-9]{8})(\.[0-9]{1,9})?"
     r"|(19[7-9][0-9]|20[0-9]{2})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"
     r"(T([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?(Z|[+-](0[0-9]|1[0-4]):[0-5][0-9])?)?)$"
 )

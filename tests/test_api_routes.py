@@ -150,6 +150,8 @@ def test_targets(client: TestClient) -> None:
         ("at=yesterday", "at", "yesterday"),
         ("at=-5", "at", "-5"),
         ("at=2026-02-30", "at", "2026-02-30"),
+        ("at=9300000000", "at", "9300000000"),  # 2264: past what nanoseconds in 64 bits hold
+        ("at=4100000000", "at", "4100000000"),  # 2099-12-04 is the last Unix second taken, like the dates
     ],
 )
 def test_bad_windows_are_refused_naming_the_parameter(
@@ -174,6 +176,7 @@ def test_parsers_read_units_and_times() -> None:
     assert [parse_window(w) for w in ("900", "900s", "15m", "6h", "31d")] == [900, 900, 900, 21600, 2678400]
     assert parse_at("1800000000.5") == 1_800_000_000_500_000_000
     assert parse_at("2027-01-15T08:00") == parse_at("2027-01-15T09:00+01:00") == 1_800_000_000 * NS
+    assert parse_at("4099999999") == 4_099_999_999 * NS
     assert parse_at(None) is None
 
 

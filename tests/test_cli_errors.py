@@ -164,6 +164,13 @@ def test_analyze_missing_store_and_unknown_names(store: Path, tmp_path: Path) ->
     assert "unknown GPU 'h1000'" in line
 
 
+@pytest.mark.parametrize("at", ["inf", "nan", "9300000000", "-5"])
+def test_analyze_refuses_a_time_nanoseconds_cannot_hold(store: Path, tmp_path: Path, at: str) -> None:
+    """Past 2262 (or before 1970, or not a number) a time in ns does not fit 64 bits: one line, exit 2."""
+    line = one_line(ioe("analyze", "--store", str(store), f"--at={at}", cwd=tmp_path))
+    assert f"--at {at!r}" in line and "1970-2262" in line
+
+
 def _interrupt_when_ready(args: list[str], port: int, sig: signal.Signals, cwd: Path) -> tuple[int, str]:
     """Start ``python -m ioe *args``, wait for /readyz, send ``sig``; the exit code and stderr."""
     proc = subprocess.Popen([sys.executable, "-m", "ioe", *args], stderr=subprocess.PIPE, text=True, cwd=cwd,

@@ -204,13 +204,16 @@ def read_connection(
 
 
 def epoch_ns(text: str) -> int | None:
-    """Unix seconds or ISO-8601 (UTC when no zone) → ns since the epoch; None when it is neither."""
+    """Unix seconds or ISO-8601 (UTC when no zone) → ns since the epoch; None when it is neither,
+    or when it is not a time in 1970-2262 (nanoseconds in 64 bits; ``inf`` and ``nan`` included)."""
     try:
-        return int(float(text) * 1_000_000_000)
+        seconds = float(text)
     except ValueError:
-        pass
-    try:
-        dt = datetime.fromisoformat(text)
-    except ValueError:
+        try:
+            dt = datetime.fromisoformat(text)
+        except ValueError:
+            return None
+        seconds = (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+    if not 0 <= seconds < 2**63 / 1e9:  # False for NaN too
         return None
-    return int((dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp() * 1_000_000_000)
+    return int(seconds * 1_000_000_000)

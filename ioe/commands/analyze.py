@@ -37,10 +37,10 @@ def parse_duration(text: str) -> float:
 
 
 def parse_time(text: str) -> int:
-    """Unix seconds or ISO-8601 (UTC when no zone) → ns; ``BadParameter`` quoting the text otherwise."""
+    """Unix seconds or ISO-8601 (UTC when no zone) → ns; one line quoting the text and exit 2 otherwise."""
     ns = epoch_ns(text)
     if ns is None:
-        raise typer.BadParameter(f"--at {text!r}: expected Unix seconds or ISO-8601 time")
+        fail(f"ioe analyze: --at {text!r}: expected Unix seconds or an ISO-8601 time in 1970-2262")
     return ns
 
 

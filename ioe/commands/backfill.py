@@ -62,7 +62,7 @@ def time_ns(text: str, option: str) -> int:
     """Unix seconds or ISO-8601 (UTC when no zone) → ns; one line and exit 2 otherwise."""
     ns = epoch_ns(text)
     if ns is None:
-        fail(f"{COMMAND}: {option} {text!r}: expected Unix seconds or an ISO-8601 time")
+        fail(f"{COMMAND}: {option} {text!r}: expected Unix seconds or an ISO-8601 time in 1970-2262")
     return ns
 
 
