@@ -131,6 +131,16 @@ def has_points(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     return bool(row and row[0])
 
 
+def has_column(con: duckdb.DuckDBPyConnection, relation: str, column: str) -> bool:
+    """Whether the table or view ``relation`` of this connection's store has ``column``."""
+    row = con.execute(
+        "SELECT count(*) FROM information_schema.columns "
+        "WHERE table_name = ? AND column_name = ? AND table_catalog = current_database()",
+        [relation, column],
+    ).fetchone()
+    return bool(row and row[0])
+
+
 def _seen_since(con: duckdb.DuckDBPyConnection, table: str, since_ns: int) -> tuple[str, list[Any]]:
     """Rule 5: the relation to read ``table``'s series from, and its parameters."""
     if not has_points(con, table):

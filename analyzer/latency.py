@@ -63,7 +63,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, has_points, texts
+from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, has_column, has_points, texts
 
 HISTOGRAMS = (
     "ttft_seconds",
@@ -254,14 +254,9 @@ def _stored_increases(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     """Rule 9: whether the points of ``table`` keep each point's increase here (asked once per
     report: rule 8; a catalog query costs ~30 ms on a busy machine)."""
 
-    def ask() -> bool:
-        row = con.execute(
-            "SELECT count(*) FROM information_schema.columns WHERE table_catalog = current_database() "
-            f"AND table_name = '{table}_points' AND column_name = 'increase'"
-        ).fetchone()
-        return bool(row and row[0])
-
-    return _shared((id(con), "stored_increases", table), ask)
+    return _shared(
+        (id(con), "stored_increases", table), lambda: has_column(con, f"{table}_points", "increase")
+    )
 
 
 def _summed_increases(table: str, described: str, where: str, name: str, every_concept: bool = False) -> str:

@@ -490,7 +490,8 @@ def step_time(s: Setup, running: int, ctx_tokens: float, prefill_tokens: float, 
         ops = (ops[0] + riding[0], ops[1] + riding[1], ops[2] + riding[2])
     flops = sum(ops)
     comm = comm_time(s, per_stage + round(pre))
-    kernels = roofline(s, ops, parts, kv) + moe_kernel_time(s)
+    moe_kernels = moe_kernel_time(s)
+    kernels = roofline(s, ops, parts, kv) + moe_kernels
     stage = kernels + comm.get("tp_allreduce_s", 0.0) + comm.get("ep_alltoall_s", 0.0)
     # host bookkeeping per sequence: with attention-DP each of the TP ranks schedules its own
     # sequences (round-robin: ceil(N / D) on each), side by side
@@ -502,7 +503,7 @@ def step_time(s: Setup, running: int, ctx_tokens: float, prefill_tokens: float, 
         "decode_compute_s": flops,
         "decode_kernels_s": kernels,
         **{f"decode_{k}": v for k, v in comm.items()},
-        **({"decode_moe_kernels_s": moe_kernel_time(s)} if s.model.is_moe else {}),
+        **({"decode_moe_kernels_s": moe_kernels} if s.model.is_moe else {}),
         "decode_step_s": lay.pp * (stage + s.eff.step_overhead_s + s.eff.seq_overhead_s * scheduled)
         + comm.get("pp_send_s", 0.0),
     }

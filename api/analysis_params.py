@@ -29,7 +29,7 @@ from analyzer.thresholds import Thresholds
 from api.params import ParamError
 
 Overrides = tuple[tuple[str, Any], ...]
-_TYPES: dict[Any, Any] = {float: float, int: int, str: str, bool: bool}
+_TYPES = (float, int, str, bool)
 
 
 def _query_type(annotation: Any) -> Any:
@@ -65,16 +65,24 @@ def _parameters() -> list[inspect.Parameter]:
 
 
 def analysis_overrides(request: Request, **given: Any) -> Overrides:
-    """Rule 1: the fields this request set, sorted by name (a hashable cache key part)."""
-    for name, value in given.items():
-        if value is not None and len(request.query_params.getlist(name)) > 1:
-            raise ParamError(
-                name, f"{name} is given {len(request.query_params.getlist(name))} times; give it once"
-            )
-    return tuple(sorted((k, v) for k, v in given.items() if v is not None))
+    """Rules 1-2: the fields this request set, sorted by name (a hashable cache key part),
+    refused here, before the route runs, when merged over the server's settings they fail."""
+    overrides = tuple(sorted((k, v) for k, v in given.items() if v is not None))
+    for name, _ in overrides:
+        times = len(request.query_params.getlist(name))
+        if times > 1:
+            raise ParamError(name, f"{name} is given {times} times; give it once")
+    merged(analysis_settings(request.app), overrides)
+    return overrides
 
 
 analysis_overrides.__signature__ = inspect.Signature(_parameters(), return_annotation=Overrides)  # type: ignore[attr-defined]
+
+
+def analysis_settings(app: Any) -> Thresholds | None:
+    """The app's analysis settings (the config's ``analysis:`` block), the same object the CLI uses."""
+    settings = getattr(app.state, "settings", None)
+    return settings.thresholds() if settings is not None and hasattr(settings, "thresholds") else None
 
 
 def merged(base: Thresholds | None, overrides: Overrides) -> Thresholds | None:

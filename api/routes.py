@@ -37,7 +37,7 @@ from starlette.concurrency import run_in_threadpool
 
 from analyzer.report import latest_ns
 from api import models, service
-from api.analysis_params import Overrides, analysis_overrides, merged
+from api.analysis_params import Overrides, analysis_overrides, analysis_settings, merged
 from api.cache import MISSING
 from api.faults import fault_kind
 from api.params import (
@@ -174,7 +174,6 @@ def list_deployments(request: Request, s: SpanDep, given: SettingsDep) -> dict[s
     """Every deployment (declared, then inferred) with its zone, p99s, KV headroom, Cp and stragglers.
 
     Any analysis setting may be given as a query parameter for this request (:mod:`api.analysis_params`)."""
-    merged(analysis_settings(request.app), given)  # refused before any analysis runs
     deps = cached(request, ("deployments",), service.deployments)
     return {"window": s.window(), "deployments": [_row(request, d, s, given) for d in deps]}
 
@@ -210,12 +209,6 @@ def envelope_of(app: Any, dep: Any, s: Span, given: Overrides = ()) -> dict[str,
             "settings_from_request": [k for k, _ in given],
         },
     )  # type: ignore[no-any-return]
-
-
-def analysis_settings(app: Any) -> Any:
-    """The app's analysis settings (the config's ``analysis:`` block), the same object the CLI uses."""
-    settings = getattr(app.state, "settings", None)
-    return settings.thresholds() if settings is not None and hasattr(settings, "thresholds") else None
 
 
 def stragglers_of(app: Any, dep: Any, s: Span, slice_s: float) -> dict[str, Any]:
@@ -290,7 +283,6 @@ async def envelope(
     Any analysis setting may be given as a query parameter (``?bin_s=30``): such a request is
     computed under the server's settings with those fields replaced, never read from the snapshot;
     ``settings`` in the answer holds every value in force."""
-    merged(analysis_settings(request.app), given)  # a bad setting is a 400 before anything runs
     got = ready_answer(request, "envelope", name, window, at, given)
     if got is not None:
         return got

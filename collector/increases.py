@@ -57,9 +57,9 @@ if TYPE_CHECKING:
 # value))`` pairs, each newer than its series' last stored point.
 Newest = Iterable[tuple[int, tuple[int, Any]]]
 
+MANY = 2000  # rows from which a batch's increases are computed with numpy (LastPoints._many)
 # Rule 1 in SQL over ``c`` (the value), ``prev`` and ``prev_ts`` (the previous point's value and
 # time, NULL for a series' first point: rule 2).
-MANY = 2000  # rows from which a batch's increases are computed with numpy (LastPoints._many)
 STEP_SQL = (
     "CASE WHEN prev_ts IS NULL THEN NULL WHEN prev IS NULL THEN 0 WHEN c >= prev THEN c - prev ELSE c END"
 )

@@ -382,9 +382,7 @@ class Store(RowCounts):
         if missing:
             raise StoreError(f"{table}: batch lacks columns {missing}")
         with self._lock:
-            if closed:
-                return self._retrying(f"write to {table}", lambda: self._insert(spec, batch, closed=True))
-            return self._retrying(f"write to {table}", lambda: self._insert(spec, batch))
+            return self._retrying(f"write to {table}", lambda: self._insert(spec, batch, closed))
 
     def _retrying(self, what: str, work: Callable[[], _T]) -> _T:
         """``work``, run once more after a checkpoint if DuckDB's buffer pool is full.
@@ -421,34 +419,43 @@ class Store(RowCounts):
         data = {"ts_ns": cols["ts_ns"], "series_id": ids, **{c: cols[c] for c in spec.values}}
         unique = isinstance(batch, Batch) and batch.unique
         into = series.recent_name(spec.name)
-        if not spec.counter:
-            rows = Batch(target.name, data, height, unique=unique)
-            if closed and self._fresh_slices(cur, spec.name, rows):
-                return self._insert_packed(cur, spec, rows)
-            return self._insert_unindexed(cur, target, rows, into)
-        last = self._last[spec.name]
-        data[INCREASE], late, newest = last.increases(
-            cur, ids, cols["ts_ns"], cols[spec.counter], index.first_new
-        )
+        last = self._last.get(spec.name)
+        late: dict[int, tuple[int, int]] = {}
+        if last is not None:
+            data[INCREASE], late, newest = last.increases(
+                cur, ids, cols["ts_ns"], cols[spec.counter], index.first_new
+            )
         rows = Batch(target.name, data, height, unique=unique)
-        if not late and closed and self._fresh_slices(cur, spec.name, rows):
+        if late:
+            stored = self._insert_repairing(cur, spec, rows, late)
+        elif closed and self._fresh_slices(cur, spec.name, rows):
             stored = self._insert_packed(cur, spec, rows)
-        elif not late:
-            stored = self._insert_unindexed(cur, target, rows, into)
         else:
-            known = self._newest.get(target.name)
-            cur.execute("BEGIN TRANSACTION")
-            try:
-                stored = self._insert_unindexed(cur, target, rows, into)
-                if stored:
-                    for sql in increases.repair_statements(spec, late):
-                        cur.execute(sql)
-            except BaseException:
-                cur.execute("ROLLBACK")
-                self._newest[target.name] = known
-                raise
-            cur.execute("COMMIT")
-        last.commit(newest)
+            stored = self._insert_unindexed(cur, target, rows, into)
+        if last is not None:
+            last.commit(newest)
+        return stored
+
+    def _insert_repairing(
+        self, cur: duckdb.DuckDBPyConnection, spec: Table, rows: Batch, late: dict[int, tuple[int, int]]
+    ) -> int:
+        """collector.increases rule 4: the batch appended to ``T_recent`` and its late series'
+        increases computed again, in one transaction."""
+        target = rows.table
+        known = self._newest.get(target)
+        cur.execute("BEGIN TRANSACTION")
+        try:
+            stored = self._insert_unindexed(
+                cur, self._series[spec.name].points, rows, series.recent_name(spec.name)
+            )
+            if stored:
+                for sql in increases.repair_statements(spec, late):
+                    cur.execute(sql)
+        except BaseException:
+            cur.execute("ROLLBACK")
+            self._newest[target] = known
+            raise
+        cur.execute("COMMIT")
         return stored
 
     def _newest_ts(self, cur: duckdb.DuckDBPyConnection, table: str, column: str = "ts_ns") -> int | None:
