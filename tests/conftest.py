@@ -7,11 +7,13 @@ A test that needs a system component (promtool, chromium, PostgreSQL) calls
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +35,17 @@ def require_component(name: str, found: bool | str | None = None) -> str:
             pytest.fail(msg)
         pytest.skip(msg)  # only off CI: with CI=true the line above fails the test instead
     return str(got)
+
+
+def require_module(name: str, why: str = "") -> Any:
+    """Module ``name`` imported; skip locally, fail in CI, if it is not installed."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        msg = f"{name} is not installed{f' ({why})' if why else ''}"
+        if in_ci():
+            pytest.fail(msg)
+        pytest.skip(msg)  # only off CI: with CI=true the line above fails the test instead
 
 
 def free_port() -> int:
@@ -58,12 +71,7 @@ def browser() -> Iterator[object]:
     chromium = require_component(
         "chromium", "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
     )
-    try:
-        from playwright import sync_api
-    except ImportError:
-        if in_ci():
-            pytest.fail("playwright is not installed (the [test] extra)")
-        pytest.skip("playwright is not installed")
+    sync_api = require_module("playwright.sync_api", "the [test] extra")
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         yield b

@@ -30,7 +30,7 @@ import httpx
 import pytest
 import uvicorn
 from api_store import build
-from conftest import free_port, require_component
+from conftest import free_port, require_component, require_module
 from fastapi.testclient import TestClient
 from google.rpc import status_pb2
 from otlp_engine_spans import to_protobuf, vllm_spans
@@ -341,7 +341,7 @@ def test_the_page_links_to_a_model_id_deployment(model_named: Store) -> None:
     chromium = require_component(
         "chromium", "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
     )
-    sync_api = pytest.importorskip("playwright.sync_api")
+    sync_api = require_module("playwright.sync_api", "the [test] extra")
     name = "meta-llama/Llama-3.1-8B-Instruct"
     with (
         Served(create_app(Settings(store_path=":memory:"), model_named)) as srv,

@@ -123,7 +123,6 @@ def test_ingest_dir_keeps_good_files(tmp_path: Path) -> None:
 
 def test_typed_decode_equals_full_decode() -> None:
     """The msgspec typed decode (only the keys read) parses to the same frames as a full orjson decode."""
-    pytest.importorskip("msgspec")
     import orjson
 
     for rel in ("nccl_parser_config_1rank/nccl_data.json.gz", "trace_filter_2rank/sampled_rank-0.json.gz"):

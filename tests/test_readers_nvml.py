@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from conftest import require_module
 
 from collector.sources.nvml import NvmlReader
 
@@ -217,7 +218,7 @@ def test_real_library_absent_is_a_clear_reason(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_real_pynvml_without_driver_does_not_crash() -> None:
-    pytest.importorskip("pynvml")
+    require_module("pynvml", "the [nvml] extra")
     ok, why = NvmlReader().available()
     if ok:  # a machine with a GPU: read for real
         parsed = NvmlReader().read(S)
