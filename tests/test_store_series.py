@@ -176,11 +176,11 @@ def test_a_full_buffer_pool_is_checkpointed_and_the_write_tried_again(
     real = store._insert
     calls: list[str] = []
 
-    def full_once(spec: Any, rows: Any) -> int:
+    def full_once(spec: Any, rows: Any, closed: bool = False) -> int:
         calls.append(spec.name)
         if len(calls) == 1:
             raise duckdb.OutOfMemoryException("could not allocate block of size 256.0 KiB")
-        return real(spec, rows)
+        return real(spec, rows, closed)
 
     monkeypatch.setattr(store, "_insert", full_once)
     with caplog.at_level(logging.WARNING, logger="collector.store"):
