@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from collector.records import INCREASE, Table, points_name
 from collector.series import SLICE_NS, packed_name, recent_name, times_name
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 # value))`` pairs, each newer than its series' last stored point.
 Newest = Iterable[tuple[int, tuple[int, Any]]]
 
+SCRAPES = 256  # scrapes in one batch up to which LastPoints._in_scrapes takes it
 MANY = 2000  # rows from which a batch's increases are computed with numpy (LastPoints._many)
 # Rule 1 in SQL over ``c`` (the value), ``prev`` and ``prev_ts`` (the previous point's value and
 # time, NULL for a series' first point: rule 2).
@@ -100,10 +101,15 @@ class LastPoints:
         (first, last ts_ns of its batch rows)}``, rule 4) and the newest points to
         :meth:`commit` once the batch is stored. ``first_new``: series ids from it on were
         created for this batch (no stored point)."""
-        fast = self._one_step(ids, ts, values) if len(ts) < MANY else None
+        fast = self._in_scrapes(ids, ts, values, first_new)
         if fast is not None:
             return fast
-        self._load(cur, {s for s in set(ids) if s < first_new and s not in self._last})
+        unknown = {s for s in set(ids) if s < first_new and s not in self._last}
+        if unknown:
+            self._load(cur, unknown)
+            fast = self._in_scrapes(ids, ts, values, first_new)
+            if fast is not None:
+                return fast
         if len(ts) >= MANY:
             return self._many(ids, ts, values, first_new)
         n = len(ts)
@@ -131,22 +137,56 @@ class LastPoints:
                 late[sid] = (min(lo, t), max(hi, t))
         return out, late, newest.items()
 
-    def _one_step(
-        self, ids: Sequence[int], ts: Sequence[int], values: Sequence[Any]
+    def _in_scrapes(
+        self, ids: Sequence[int], ts: Sequence[int], values: Sequence[Any], first_new: int
     ) -> tuple[list[Any], dict[int, tuple[int, int]], Newest] | None:
-        """The sidecar's batch: one point per series, each newer than its series' stored last
-        point (list comprehensions, no per-row call); None for any other batch."""
-        got = list(map(self._last.get, ids))  # a series new or not yet loaded is not there: None
-        if None in got or len(set(ids)) != len(ids):
-            return None
-        prev = cast("list[tuple[int, Any]]", got)
-        if not all(map(operator.lt, [p[0] for p in prev], ts)):
-            return None
-        out = [
-            0.0 if pv is None else None if v is None else v - pv if v >= pv else v
-            for v, (_, pv) in zip(values, prev, strict=True)
-        ]
-        return out, {}, zip(ids, zip(ts, values, strict=True), strict=True)
+        """The sidecar's batch: the scrapes of one flush one after the other, each one point per
+        series, every point newer than its series' previous point (the stored one, or the one in
+        an earlier scrape of the batch). List comprehensions per scrape, no per-row call and no
+        numpy (an 11 MB import a collector never needs otherwise); None for any other batch.
+
+        A scrape is the run of rows up to the next row of its first series; a run that holds a
+        series twice is cut before the repeat. More than :data:`SCRAPES` runs (a batch of few
+        series and many points: an ingest's, a backfill's) is left to the other paths."""
+        n, last = len(ids), self._last
+        runs = 0
+        newest: dict[int, tuple[int, Any]] = {}
+        out: list[Any] = []
+        before: Sequence[int] = ()
+        before_t: Sequence[int] = ()
+        before_v: Sequence[Any] = ()
+        a = 0
+        while a < n:
+            runs += 1
+            if runs > SCRAPES:
+                return None
+            try:
+                b = ids.index(ids[a], a + 1)
+            except ValueError:
+                b = n
+            sids = ids[a:b]
+            if len(set(sids)) != len(sids):
+                b = a + _first_repeat(sids)
+                sids = ids[a:b]
+            t, v = ts[a:b], values[a:b]
+            if sids == before:  # the same series as the scrape before (the common case)
+                got: list[Any] = list(zip(before_t, before_v, strict=True))
+            else:
+                got = list(map(newest.get, sids)) if newest else list(map(last.get, sids))
+                if None in got:
+                    got = [_previous(s, newest, last, first_new) for s in sids]
+                    if any(g is _UNLOADED for g in got):
+                        return None
+            if not all(map(operator.lt, [p[0] for p in got], t)):
+                return None
+            out += [
+                None if p is _FIRST else 0.0 if p is None else None if c is None else c - p if c >= p else c
+                for c, (_, p) in zip(v, got, strict=True)
+            ]
+            newest.update(zip(sids, zip(t, v, strict=True), strict=True))
+            before, before_t, before_v = sids, t, v
+            a = b
+        return out, {}, newest.items()
 
     def _many(
         self, ids: Sequence[int], ts: Sequence[int], values: Sequence[Any], first_new: int
@@ -223,6 +263,38 @@ class LastPoints:
                 return
         for sid in unknown:  # no stored point (retention deleted them all)
             self._last[sid] = None
+
+
+# what :func:`_previous` gives for a series with no previous point (rule 2), and for one whose
+# stored last point is not loaded yet
+_FIRST: Any = object()
+_NO_POINT = (-(1 << 63), _FIRST)
+_UNLOADED = (-(1 << 63), None)
+
+
+def _previous(
+    sid: int, newest: dict[int, tuple[int, Any]], last: dict[int, tuple[int, Any] | None], first_new: int
+) -> tuple[int, Any]:
+    """The previous point of series ``sid``: its newest point earlier in the batch, else its stored
+    last point; :data:`_NO_POINT` when it has none, :data:`_UNLOADED` when that is not known yet."""
+    got = newest.get(sid)
+    if got is not None:
+        return got
+    if sid >= first_new:
+        return _NO_POINT
+    if sid not in last:
+        return _UNLOADED
+    return last[sid] or _NO_POINT
+
+
+def _first_repeat(ids: Sequence[int]) -> int:
+    """The position of the first id that occurs earlier in ``ids`` (``len(ids)`` when none)."""
+    seen: set[int] = set()
+    for i, s in enumerate(ids):
+        if s in seen:
+            return i
+        seen.add(s)
+    return len(ids)
 
 
 def _apply_statements(spec: Table) -> list[str]:

@@ -91,17 +91,19 @@ def _history() -> list[tuple[str, pl.DataFrame]]:
     return writes
 
 
-@pytest.fixture(scope="module", params=["rows", "numpy"])
+@pytest.fixture(scope="module", params=["scrapes", "rows", "numpy"])
 def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
-    """The history written with the per-row path, and again with every batch on the numpy path."""
+    """The history written as the store chooses (batches shaped as scrapes on that path), again
+    with every batch on the per-row path, and again with every batch on the numpy path."""
     import collector.increases as increases
 
-    many = increases.MANY
-    increases.MANY = many if request.param == "rows" else 1
+    many, scrapes = increases.MANY, increases.SCRAPES
+    increases.MANY = 1 if request.param == "numpy" else many
+    increases.SCRAPES = scrapes if request.param == "scrapes" else 0
     try:
         st = _written(tmp_path_factory.mktemp("incr") / "s.duckdb")
     finally:
-        increases.MANY = many
+        increases.MANY, increases.SCRAPES = many, scrapes
     yield st
     st.close()
 
@@ -248,21 +250,37 @@ def test_a_schema_4_file_gets_its_increases_on_open(tmp_path: Path) -> None:
     _same(before, after)
 
 
+def _scrape_rows(k: int, points: dict[str, float | None]) -> list[dict[str, Any]]:
+    return [
+        {"ts_ns": BASE + k * NS + i, "source": s, "concept": "generation_tokens_total", "value": v, **ENGINE}
+        for i, (s, v) in enumerate(points.items())
+    ]
+
+
+@contextmanager
+def _taken(path: list[bool]) -> Iterator[None]:
+    """Records whether each call of ``LastPoints._in_scrapes`` took its batch."""
+    from collector.increases import LastPoints
+
+    in_scrapes = LastPoints._in_scrapes
+
+    def spy(self: LastPoints, *a: Any) -> Any:
+        got = in_scrapes(self, *a)
+        path.append(got is not None)
+        return got
+
+    LastPoints._in_scrapes = spy  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        LastPoints._in_scrapes = in_scrapes  # type: ignore[method-assign]
+
+
 def test_a_sidecars_scrapes_take_the_one_point_per_series_path(tmp_path: Path) -> None:
     """One point per series a write, each newer than the last (the sidecar's scrapes): the
     increases come from the remembered last points, across a reset, a NULL and a reopen."""
-    from collector.increases import LastPoints
-
-    taken = []
-    one_step = LastPoints._one_step
-
-    def spy(self: LastPoints, *a: Any) -> Any:
-        got = one_step(self, *a)
-        taken.append(got is not None)
-        return got
-
-    LastPoints._one_step = spy  # type: ignore[method-assign]
-    try:
+    taken: list[bool] = []
+    with _taken(taken):
         path = tmp_path / "s.duckdb"
         st = Store(path)
         for k in range(60):
@@ -270,23 +288,34 @@ def test_a_sidecars_scrapes_take_the_one_point_per_series_path(tmp_path: Path) -
                 st.close()
                 st = Store(path)
             points = {"x": float(k * 7 % 100), "y": None if k == 20 else float(k), "z": float(k // 2)}
-            rows = [
-                {
-                    "ts_ns": BASE + k * NS,
-                    "source": s,
-                    "concept": "generation_tokens_total",
-                    "value": v,
-                    **ENGINE,
-                }
-                for s, v in points.items()
-            ]
-            st.write("engine_samples", frame("engine_samples", rows))
+            st.write("engine_samples", frame("engine_samples", _scrape_rows(k, points)))
         rows = _lag_steps(st, "engine_samples", "value")
         assert len(rows) == 180 and [r[:3] for r in rows] == [(*r[:2], r[3]) for r in rows]
         st.close()
-    finally:
-        LastPoints._one_step = one_step  # type: ignore[method-assign]
-    assert taken.count(True) >= 55  # all but the first write and the first after the reopen
+    assert taken.count(True) >= 59  # every write (the first after the reopen once its points are loaded)
+
+
+def test_a_flush_of_several_scrapes_takes_the_scrapes_path(tmp_path: Path) -> None:
+    """The writer's flush: ten scrapes of two targets one after the other in one batch, the
+    targets' order changing, a series missing from some scrapes and new in the middle, a reset
+    and a NULL. Each stored step must equal ``lag()``'s (a step taken across the wrong point, or
+    one lost at a scrape boundary, changes it), and no flush may need numpy."""
+    taken: list[bool] = []
+    with _taken(taken):
+        st = Store(tmp_path / "s.duckdb")
+        for flush in range(6):
+            parts = []
+            for k in range(flush * 10, flush * 10 + 10):
+                first = {"x": float(k * 7 % 100), "y": None if k == 23 else float(k)}
+                second = {"z": float(k // 2)} | ({"w": float(3 * k)} if k >= 15 and k % 4 else {})
+                scrapes = [first, second] if k % 3 else [second, first]
+                parts += [r for p in scrapes for r in _scrape_rows(k, p)]
+            st.write("engine_samples", frame("engine_samples", parts))
+        rows = _lag_steps(st, "engine_samples", "value")
+        assert len(rows) == 60 * 3 + sum(1 for k in range(15, 60) if k % 4)
+        assert [r[:3] for r in rows] == [(*r[:2], r[3]) for r in rows]
+        st.close()
+    assert taken and all(taken)  # neither the per-row path nor numpy
 
 
 @pytest.mark.parametrize("keys", [None, ["a|vllm|0", "c|vllm|0"]])
