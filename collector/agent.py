@@ -22,14 +22,16 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collector.health import HealthServer
 from collector.selfmetrics import SelfMetrics
 from collector.sidecar import Reader, Sidecar
 from collector.store import Retention, Store
 from collector.writer import DirectSink, QueueSink, WriterThread
-from ioeconf.settings import Settings
+
+if TYPE_CHECKING:  # the settings models are pydantic's: a collector runs on plain settings
+    from ioeconf.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from collector.batch import Batch
 from collector.errors import Problem
@@ -43,7 +43,9 @@ from collector.sink import Overloaded
 from collector.sources.http_client import HttpClient
 from collector.sources.http_scraper import Health, ScrapeError, fetch, next_delay
 from collector.writer import QueueSink
-from ioeconf.settings import DeploymentSpec, PrometheusSourceSpec, Settings, TargetSpec
+
+if TYPE_CHECKING:  # the settings models are pydantic's: a collector runs on plain settings
+    from ioeconf.settings import DeploymentSpec, PrometheusSourceSpec, Settings, TargetSpec
 
 log = logging.getLogger(__name__)
 

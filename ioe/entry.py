@@ -7,7 +7,9 @@ Rules:
      complete application's help at the same width (tests/test_cli_startup.py compares them).
      Importing typer (and its click) alone took longer than the 0.15 s the whole command may take.
   2. ``ioe --version`` prints ``ioe <version>`` (:func:`api.openapi.package_version`).
-  3. Anything else goes to :func:`ioe.cli.main` (typer).
+  3. ``ioe sidecar …`` goes to :func:`ioe.sidecar.main`, which starts a collector-only agent
+     without typer or pydantic and hands anything it does not parse to typer (its rule 1).
+  4. Anything else goes to :func:`ioe.cli.main` (typer).
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ def main() -> None:
 
         print(f"ioe {package_version()}")
         raise SystemExit(0)
+    if args[0] == "sidecar":
+        from ioe.sidecar import main as sidecar_main
+
+        sidecar_main(args[1:])
+        return
     from ioe.cli import main as typer_main
 
     typer_main()

@@ -8,7 +8,6 @@ value came from.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import tomllib
@@ -19,16 +18,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ioeconf.plain import SettingsError, exposure_problem, token
 from ioeconf.promql import DEFAULT_SELECTORS, matchers
 
 if TYPE_CHECKING:
     from ioeconf.thresholds import Thresholds
 
 ENV_PREFIX = "IOE_"
-
-
-class SettingsError(ValueError):
-    """A setting that cannot be used; the message names the field and its origin."""
 
 
 class _Model(BaseModel):
@@ -215,30 +211,13 @@ class Settings(_Model):
     def exposure_problem(self) -> str | None:
         """Why serving on ``listen_host`` (HTTP and OTLP/gRPC) is refused, or ``None``: beyond
         loopback a server needs a token unless ``allow_unauthenticated`` is set."""
-        if self.auth_token or self.auth_token_file or self.allow_unauthenticated:
-            return None
-        if _loopback(self.listen_host):
-            return None
-        return (
-            f"refusing to listen on {self.listen_host or 'all addresses'} without a token: set auth_token or "
-            "auth_token_file (IOE_AUTH_TOKEN_FILE), or allow_unauthenticated: true to serve anyone who can "
-            "reach the port"
+        return exposure_problem(
+            self.listen_host, self.auth_token, self.auth_token_file, self.allow_unauthenticated
         )
 
     def token(self) -> str:
         """The bearer token: the file's content when a file is named, else ``auth_token``."""
-        if self.auth_token_file:
-            return Path(self.auth_token_file).read_text().strip()
-        return self.auth_token
-
-
-def _loopback(host: str) -> bool:
-    if host in ("localhost", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+        return token(self.auth_token, self.auth_token_file)
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

@@ -3,10 +3,12 @@ never loads — checked on a real ``ioe sidecar`` process scraping fixture bodie
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import duckdb
@@ -26,6 +28,11 @@ from tests.httpfixtures import Route, serve, wait_until
 FIX = DATA / "sidecar"
 # mapped .so files
 HEAVY = ("libarrow", "_multiarray_umath", "pandas/_libs", "_polars_runtime", "_pydantic_core")
+# packages a collector-only sidecar never imports (issue 24: 100 MB for the whole process)
+NEVER = {
+    "typer", "click", "pydantic", "pydantic_core", "pydantic_settings", "polars", "pyarrow", "pandas",
+    "numpy", "fastapi", "starlette", "uvicorn", "analyzer", "api",
+}  # fmt: skip
 
 
 def _stored(port: int) -> float:
@@ -49,6 +56,7 @@ def test_collector_only_sidecar_serves_health_and_metrics_and_stores(tmp_path: P
         "host": "node-a",
         "api_enabled": False,
         "flush_interval_s": 0.2,
+        "maintenance_interval_s": 1.0,  # a maintenance pass runs too
         "readers": {"sysfs_infiniband": str(tmp_path / "no-ib")},
         "targets": [
             {"name": "dcgm", "url": dcgm.url(), "kind": "dcgm", "interval_s": 0.5},
@@ -57,11 +65,13 @@ def test_collector_only_sidecar_serves_health_and_metrics_and_stores(tmp_path: P
     }
     path = tmp_path / "sidecar.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ioe", "sidecar", "--config", str(path)], stderr=subprocess.PIPE
-    )
+    log = (tmp_path / "stderr").open("w+")
+    # -X importtime: every module the process imports, at start-up or later, is a line on stderr
+    cmd = [sys.executable, "-X", "importtime", "-m", "ioe", "sidecar", "--config", str(path)]
+    proc = subprocess.Popen(cmd, stderr=log)
     try:
         wait_until(lambda: _stored(port) > 500, 60, "rows stored")
+        time.sleep(2.5)  # maintenance passes (every second here) import what they need too
         base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/healthz").json() == {"status": "ok"}
         assert httpx.get(f"{base}/readyz").json() == {"status": "ready", "schema_version": SCHEMA_VERSION}
@@ -74,14 +84,23 @@ def test_collector_only_sidecar_serves_health_and_metrics_and_stores(tmp_path: P
         assert missing.status_code == 404 and "/healthz" in missing.json()["error"]
         assert httpx.post(f"{base}/v1/traces", content=b"x").status_code == 405
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
-        # no pyarrow, numpy, pandas or polars loaded: batches reach DuckDB through nanoarrow
-        assert [lib for lib in HEAVY[:4] if lib in maps] == []
+        # no pyarrow, numpy, pandas or polars loaded (batches reach DuckDB through nanoarrow), and
+        # no pydantic (the settings were validated in a child: ioeconf.plain)
+        assert [lib for lib in HEAVY if lib in maps] == []
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         dcgm.close()
         vllm.close()
-    assert proc.returncode == 0, proc.stderr.read().decode() if proc.stderr else ""
+        log.seek(0)
+        err = log.read()
+        log.close()
+    assert proc.returncode == 0, err
+    imported = {
+        ln.rsplit("|", 1)[1].strip().split(".")[0] for ln in err.splitlines() if ln.startswith("import time:")
+    }
+    assert "collector" in imported and "duckdb" in imported  # the record is complete
+    assert sorted(NEVER & imported) == []
     with duckdb.connect(str(tmp_path / "node.duckdb"), read_only=True) as con:
         power = con.execute(
             "SELECT count(*), min(value), max(value) FROM gpu_samples "
@@ -183,3 +202,99 @@ def test_collector_only_store_caps_duckdb_buffer_pool(tmp_path: Path) -> None:
     assert limit(api_enabled=True) not in ("30.5 MiB", "244.1 MiB")
     with pytest.raises(StoreError, match="cannot open"):
         Store(tmp_path / "bad.duckdb", memory_limit="64 potatoes")
+
+
+def _sidecar(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ioe", "sidecar", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "env"),
+    [
+        # a target's interval out of range and a key no model has: both named, with their origin
+        ({"targets": [{"name": "t", "url": "http://127.0.0.1:1/m", "interval_s": 0}], "listen_prot": 1}, {}),
+        ({"readers": {"nvml": "maybe"}, "deployments": [{"name": "bad name"}]}, {}),
+        ({}, {"IOE_LISTEN_PORT": "99999"}),  # from the environment
+        ("targets: [unclosed\n", {}),  # not YAML
+    ],
+)
+def test_a_collector_refuses_bad_settings_as_strictly_as_before(
+    config: dict[str, object] | str, env: dict[str, str], tmp_path: Path
+) -> None:
+    """The collector-only start validates in a child process (ioeconf.plain rule 1): exit 2 and the
+    very message ``load_settings`` gives in process, nothing started."""
+    from ioeconf.settings import SettingsError, load_settings
+
+    path = tmp_path / "bad.yaml"
+    base = {"api_enabled": False, "store_path": str(tmp_path / "s.duckdb"), "listen_port": 0}
+    path.write_text(config if isinstance(config, str) else yaml.safe_dump({**base, **config}))
+    with pytest.raises(SettingsError) as expected:
+        load_settings(path, environ={**os.environ, **env})
+    got = _sidecar(["--config", str(path)], env)
+    assert got.returncode == 2, got.stderr
+    assert got.stderr.strip() == str(expected.value)
+    assert not (tmp_path / "s.duckdb").exists()
+
+
+def test_plain_settings_hold_every_validated_field(tmp_path: Path) -> None:
+    """ioeconf.plain rule 2: every field of every model, the deployments' own JSON and the
+    methods the agent calls, equal to the pydantic settings of the same file."""
+    from ioeconf.plain import PlainSettings, validated
+    from ioeconf.settings import load_settings
+
+    cfg = {
+        "api_enabled": False,
+        "listen_host": "0.0.0.0",
+        "targets": [{"name": "d", "url": "http://127.0.0.1:1/m", "kind": "dcgm", "interval_s": "2"}],
+        "prometheus_sources": [{"url": "http://127.0.0.1:2", "follow": True, "headers": {"X-Org": "a"}}],
+        "deployments": [{"name": "llama", "tp": 2, "roles": {"decode": 2}, "nodes": ["n1"]}],
+        "readers": {"nvml": False, "interval_s": 5},
+        "otlp": {"grpc_port": 4317},
+        "analysis": {"bin_s": 30},
+    }
+    path = tmp_path / "ioe.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    model = load_settings(path, args={"listen_port": 1234}, environ={})
+    plain = PlainSettings(validated(path, {"listen_port": 1234}))
+
+    def same(a: object, b: object) -> None:
+        if hasattr(type(a), "model_fields"):
+            for name in type(a).model_fields:  # type: ignore[attr-defined]
+                same(getattr(a, name), getattr(b, name))
+        elif isinstance(a, list):
+            assert isinstance(b, list) and len(a) == len(b)
+            for x, y in zip(a, b, strict=True):
+                same(x, y)
+        else:
+            # an int default of a float field (not validated by pydantic) comes back a float
+            assert a == b and (type(a) is type(b) or {type(a), type(b)} == {int, float}), (a, b)
+
+    same(model, plain)
+    assert plain.targets[0].interval_s == 2.0 and plain.listen_port == 1234
+    assert plain.deployments[0].model_dump_json() == model.deployments[0].model_dump_json()
+    assert plain.exposure_problem() == model.exposure_problem() is not None
+    assert plain.token() == model.token() == ""
+    with pytest.raises(AttributeError, match="no field"):
+        _ = plain.not_a_setting
+
+
+def test_the_sidecars_own_option_parsing_hands_the_rest_to_typer() -> None:
+    """ioe.sidecar rule 1: the four options in either form; anything else is typer's."""
+    from ioe.sidecar import parse
+
+    assert parse(["--config", "a.yaml", "--port=9", "--store", "s.duckdb", "--listen=::1"]) == {
+        "config": "a.yaml", "listen_port": 9, "store_path": "s.duckdb", "listen_host": "::1",
+    }  # fmt: skip
+    assert parse([]) == {}
+    for args in (["--help"], ["-h"], ["--port", "x"], ["--config"], ["--config", "--port", "1"], ["x"]):
+        assert parse(args) is None, args
+    helped = _sidecar(["--help"])
+    assert helped.returncode == 0 and "--config" in helped.stdout and "Usage:" in helped.stdout
+    wrong = _sidecar(["--port", "nine"])
+    assert wrong.returncode == 2 and "Invalid value for '--port'" in wrong.stderr

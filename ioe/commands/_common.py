@@ -11,15 +11,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import typer
+if TYPE_CHECKING:
+    from ioe.settings import Settings
 
-from ioe.settings import Settings, SettingsError, load_settings
+# typer and the settings models are imported where they are used: a collector-only sidecar
+# (ioe/sidecar.py) uses the port and store helpers here without either
 
 
 def settings_or_exit(config: Path | None, **args: Any) -> Settings:
     """The settings for a command, or exit 2 printing which field is wrong and where it came from."""
+    import typer
+
+    from ioe.settings import SettingsError, load_settings
+
     try:
         return load_settings(config, args=args)
     except SettingsError as exc:
@@ -31,12 +37,16 @@ def exposure_or_exit(settings: Settings) -> None:
     """Exit 2 with one line when a server would listen beyond loopback without a token."""
     problem = settings.exposure_problem()
     if problem:
+        import typer
+
         typer.echo(problem, err=True)
         raise typer.Exit(2)
 
 
 def fail(message: str) -> NoReturn:
     """Exit 2 with ``message`` as one line on stderr (a usage or environment error, not a bug)."""
+    import typer
+
     typer.echo(" ".join(message.split()), err=True)
     raise typer.Exit(2)
 
@@ -127,6 +137,8 @@ def readable_store(command: str, path: Path) -> Iterator[Path]:
             fail(f"{command}: {store_problem(path, exc)}")
         with tempfile.TemporaryDirectory(prefix="ioe-snapshot-") as tmp:
             copy = _snapshot(path, Path(tmp), held[1], command)
+            import typer
+
             typer.echo(f"{command}: store {path} is in use by PID {held[1]}: reading a snapshot", err=True)
             yield copy
         return

@@ -7,22 +7,19 @@ Rules:
      A missing store file is created: the sidecar is the store's writer.
   3. Ctrl-C (SIGINT) and SIGTERM stop it gracefully (the agent's own handlers); a Ctrl-C before
      they are installed exits 0 without a traceback.
+
+The body is :func:`ioe.sidecar.run`; the entry point starts ``ioe sidecar`` there without typer
+when the options allow (:mod:`ioe.sidecar` rule 1).
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
-from ioe.commands._common import bind_or_exit, exposure_or_exit, fail, settings_or_exit, store_problem
-
-if TYPE_CHECKING:
-    from collector.agent import Frontend
-
-COMMAND = "ioe sidecar"
+from ioe.commands._common import settings_or_exit
+from ioe.sidecar import run
 
 
 def sidecar(
@@ -32,38 +29,11 @@ def sidecar(
     host: str | None = typer.Option(None, "--listen", help="Listen address (default 127.0.0.1)."),
 ) -> None:
     """Scrape GPU and engine metrics, read devices and NCCL logs, receive spans; write the store."""
-    import duckdb
-
-    from collector.agent import Agent
-    from collector.store import StoreError
-
     settings = settings_or_exit(config, store_path=store, listen_port=port, listen_host=host)
-    exposure_or_exit(settings)
-    if settings.listen_port:  # rule 1 (port 0: any free port, never taken)
-        bind_or_exit(COMMAND, settings.listen_host, settings.listen_port, keep=False)
-    if settings.otlp.grpc_port:
-        bind_or_exit(COMMAND, settings.listen_host, settings.otlp.grpc_port, keep=False)
     try:
-        agent = Agent(settings, frontend=_api_frontend() if settings.api_enabled else None)
-    except (StoreError, duckdb.Error) as exc:  # rule 2
-        fail(f"{COMMAND}: {store_problem(settings.store_path, exc)}")
-    typer.echo(
-        f"{COMMAND}: {len(settings.targets)} target(s), store {settings.store_path}, "
-        f"listening on http://{settings.listen_host}:{settings.listen_port}",
-        err=True,
-    )
-    try:
-        asyncio.run(agent.run())
-    except KeyboardInterrupt:  # rule 3
-        raise typer.Exit(0) from None
-
-
-def _api_frontend() -> Frontend:
-    """The API (``api_enabled: true``); imported only then, so a collector-only agent never loads
-    the web stack."""
-    from api.agent import serve_api
-
-    return serve_api
+        run(settings)
+    except SystemExit as exc:  # Ctrl-C before the agent's handlers, as typer's own exit
+        raise typer.Exit(exc.code if isinstance(exc.code, int) else 1) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,142 @@
+"""``ioe sidecar``'s body, and its start without typer or pydantic for a collector-only agent.
+
+A collector-only sidecar (``api_enabled: false``) has 100 MB resident for its whole life (issue
+24); typer and pydantic's settings models are ~12 MB of that and it needs neither once started
+(bench/results/sidecar.md). So :func:`main` is the entry point's way in for ``ioe sidecar``.
+
+Rules:
+  1. ``ioe sidecar`` with nothing but ``--config``, ``--store``, ``--port`` and ``--listen`` (each
+     ``--opt VALUE`` or ``--opt=VALUE``; the last one given counts, as in click) is parsed here.
+     Anything else — help, an unknown option, a missing value, a port that is not an integer — is
+     handed to typer, so help and usage errors are the command's own.
+  2. The settings are validated by ``load_settings`` in a child process
+     (:func:`ioeconf.plain.validated`): the same checks and the same one-line error, exit 2. A
+     collector-only agent runs on :class:`ioeconf.plain.PlainSettings`; with the API on, the
+     settings are loaded again in this process (the API takes the models and imports pydantic
+     anyway).
+  3. :func:`run` is the command for both ways in (``ioe.commands.sidecar``'s rules): ports checked
+     first, a store that cannot be opened is one line and exit 2, Ctrl-C and SIGTERM stop it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from collector.agent import Frontend
+    from ioe.settings import Settings
+
+COMMAND = "ioe sidecar"
+_OPTIONS = {"--config": "config", "--store": "store_path", "--port": "listen_port", "--listen": "listen_host"}
+
+
+def parse(args: list[str]) -> dict[str, Any] | None:
+    """Rule 1: the options given (``config`` and the settings they override), or None for typer."""
+    got: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if name not in _OPTIONS:
+            return None
+        if not eq:
+            if i + 1 >= len(args) or args[i + 1].startswith("-"):
+                return None
+            value = args[i + 1]
+            i += 1
+        if name == "--port":
+            try:
+                got[_OPTIONS[name]] = int(value)
+            except ValueError:
+                return None
+        else:
+            got[_OPTIONS[name]] = value
+        i += 1
+    return got
+
+
+def main(args: list[str]) -> None:
+    """Rules 1-2: ``ioe sidecar ARGS`` (``args`` after the command name)."""
+    given = parse(args)
+    if given is None:
+        from ioe.cli import main as typer_main
+
+        typer_main()
+        return
+    _logging()
+    from ioeconf.plain import PlainSettings, SettingsError, validated
+
+    config = given.pop("config", None)
+    try:
+        dump = validated(config, given)
+    except SettingsError as exc:
+        print(str(exc), file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    if dump["api_enabled"]:
+        from ioe.commands._common import settings_or_exit
+
+        settings = _exits(lambda: settings_or_exit(config, **given))
+    else:
+        settings = cast("Settings", PlainSettings(dump))
+    _exits(lambda: run(settings))
+
+
+def _logging() -> None:
+    import logging
+
+    # the same set-up as ioe.cli.main
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    for noisy in ("httpx", "httpcore", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _exits(work: Any) -> Any:
+    """``work()``; the shared helpers end a command with typer's ``Exit`` (click's, a
+    RuntimeError carrying ``exit_code``), which outside typer becomes that exit status."""
+    try:
+        return work()
+    except RuntimeError as exc:
+        code = getattr(exc, "exit_code", None)
+        if not isinstance(code, int):
+            raise
+        raise SystemExit(code) from None
+
+
+def run(settings: Settings) -> None:
+    """Rule 3: the sidecar on ``settings`` until SIGINT or SIGTERM."""
+    import duckdb
+
+    from collector.agent import Agent
+    from collector.store import StoreError
+    from ioe.commands._common import bind_or_exit, exposure_or_exit, fail, store_problem
+
+    exposure_or_exit(settings)
+    if settings.listen_port:  # port 0: any free port, never taken
+        bind_or_exit(COMMAND, settings.listen_host, settings.listen_port, keep=False)
+    if settings.otlp.grpc_port:
+        bind_or_exit(COMMAND, settings.listen_host, settings.otlp.grpc_port, keep=False)
+    try:
+        agent = Agent(settings, frontend=_api_frontend() if settings.api_enabled else None)
+    except (StoreError, duckdb.Error) as exc:
+        fail(f"{COMMAND}: {store_problem(settings.store_path, exc)}")
+    print(
+        f"{COMMAND}: {len(settings.targets)} target(s), store {settings.store_path}, "
+        f"listening on http://{settings.listen_host}:{settings.listen_port}",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        asyncio.run(agent.run())
+    except KeyboardInterrupt:  # before the agent's own handlers are installed
+        raise SystemExit(0) from None
+
+
+def _api_frontend() -> Frontend:
+    """The API (``api_enabled: true``); imported only then, so a collector-only agent never loads
+    the web stack."""
+    from api.agent import serve_api
+
+    return serve_api
