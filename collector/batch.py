@@ -28,6 +28,10 @@ Rules:
    the table's value columns, i.e. one series each. The store then looks each run's series up
    once instead of once a row. It survives :meth:`with_column` of ``ts_ns`` or a value column,
    and :meth:`concat` when every part has it; :meth:`take` drops it.
+6. ``parts``: the heights of the batches :meth:`concat` joined, in order (a flush's scrapes),
+   or None for a batch not joined. The store looks a part's series up once when it repeats an
+   earlier part's series (the same scrape target again). It survives :meth:`with_column`;
+   :meth:`take` drops it.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ _TYPECODE = {"BIGINT": "q", "INTEGER": "i", "DOUBLE": "d"}
 class Batch:
     """One table's rows as column lists (rules 1-3)."""
 
-    __slots__ = ("data", "height", "runs", "table", "unique")
+    __slots__ = ("data", "height", "parts", "runs", "table", "unique")
 
     def __init__(
         self,
@@ -58,12 +62,14 @@ class Batch:
         *,
         unique: bool = False,
         runs: list[int] | None = None,
+        parts: list[int] | None = None,
     ):
         self.table = table
         self.data = data
         self.height = height
         self.unique = unique  # rule 4
         self.runs = runs  # rule 5
+        self.parts = parts  # rule 6
 
     @property
     def columns(self) -> list[str]:
@@ -90,7 +96,7 @@ class Batch:
             from collector.records import spec_of
 
             runs = runs if name in spec_of(self.table).values else None
-        return Batch(self.table, data, self.height, unique=self.unique, runs=runs)
+        return Batch(self.table, data, self.height, unique=self.unique, runs=runs, parts=self.parts)
 
     def take(self, order: Sequence[int]) -> Batch:
         """The rows at positions ``order``, in that order."""
@@ -121,7 +127,9 @@ class Batch:
         runs = None
         if all(p.runs is not None for p in items):
             runs = list(chain.from_iterable(p.runs or () for p in items))
-        return Batch(first.table, data, sum(p.height for p in items), unique=_disjoint(items), runs=runs)
+        heights = [h for p in items for h in (p.parts or [p.height])]
+        height = sum(p.height for p in items)
+        return Batch(first.table, data, height, unique=_disjoint(items), runs=runs, parts=heights)
 
     # -- export -------------------------------------------------------------------------------
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:

@@ -264,14 +264,20 @@ class SeriesIndex:
         cur: duckdb.DuckDBPyConnection,
         cols: Mapping[str, Sequence[Any]],
         runs: Sequence[int] | None = None,
+        parts: Sequence[int] | None = None,
     ) -> list[int]:
         """The ``series_id`` of each row of ``cols`` (the wide table's columns); series seen for
         the first time are inserted into ``T_series`` first (a NULL key column raises there).
-        ``runs``: the rows come in runs of one series each (Batch rule 5), looked up once a run."""
+        ``runs``: the rows come in runs of one series each (Batch rule 5), looked up once a run.
+        ``parts``: the heights of the scrapes joined in the batch (Batch rule 6); a part whose
+        series columns equal an earlier part's (the same target scraped again) takes its ids
+        without a lookup."""
         if runs is not None:
             starts = [0, *accumulate(runs)][:-1]
             firsts = {c: [cols[c][i] for i in starts] for c in self.spec.series_columns}
             return list(chain.from_iterable(map(repeat, self.ids(cur, firsts), runs)))
+        if parts is not None and len(parts) > 1:
+            return self._by_part(cur, cols, parts)
         known = self._load(cur)
         self.first_new = self._next
         names = self.spec.series_columns
@@ -291,6 +297,27 @@ class SeriesIndex:
         known.update(new)
         self._next += len(new)
         return [known[key] for key in keys]
+
+    def _by_part(
+        self, cur: duckdb.DuckDBPyConnection, cols: Mapping[str, Sequence[Any]], parts: Sequence[int]
+    ) -> list[int]:
+        names = self.spec.series_columns
+        out: list[int] = []
+        seen: dict[int, int] = {}  # a part's height -> where the last part of that height starts
+        first_new, a = None, 0
+        for height in parts:
+            b, before = a + height, seen.get(height)
+            if before is not None and all(
+                cols[c][a:b] == cols[c][before : before + height] for c in names
+            ):  # list equality: element by element, identical objects at once
+                out += out[before : before + height]
+            else:
+                out += self.ids(cur, {c: cols[c][a:b] for c in names})
+                first_new = self.first_new if first_new is None else first_new
+            seen[height] = a
+            a = b
+        self.first_new = self._next if first_new is None else first_new
+        return out
 
     def _load(self, cur: duckdb.DuckDBPyConnection) -> dict[tuple[Any, ...], int]:
         if self._ids is None:

@@ -414,7 +414,7 @@ class Store(RowCounts):
         increases repaired in one transaction; a batch of fresh slices has no late point)."""
         cols, height = _columns(batch, spec.column_names)
         index = self._series[spec.name]
-        ids = index.ids(cur, cols, batch.runs if isinstance(batch, Batch) else None)
+        ids = index.ids(cur, cols, *((batch.runs, batch.parts) if isinstance(batch, Batch) else ()))
         target = index.points
         data = {"ts_ns": cols["ts_ns"], "series_id": ids, **{c: cols[c] for c in spec.values}}
         unique = isinstance(batch, Batch) and batch.unique

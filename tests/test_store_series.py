@@ -245,3 +245,45 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return math.isclose(a, b, rel_tol=1e-12)
     return bool(a == b)
+
+
+def test_a_flush_of_scrapes_keeps_every_rows_series(tmp_path: Path) -> None:
+    """A writer's flush joins scrapes (Batch rule 6); a part repeating an earlier part's series
+    takes its ids, and a part of the same height whose series differ (a GPU swapped, a series
+    renamed) is looked up: every row must read back with its own description."""
+    from collector.batch import Batch
+
+    def scrape(k: int, uuids: list[str], metric: str = "power_w") -> Batch:
+        rows = [
+            {
+                "ts_ns": 10**18 + k * 10**9 + i,
+                "host": "n",
+                "uuid": u,
+                "metric": metric,
+                "value": float(k * 10 + i),
+            }
+            for i, u in enumerate(uuids)
+        ]
+        return batch("gpu_samples", rows)
+
+    gpus = ["GPU-a", "GPU-b", "GPU-c"]
+    parts = [
+        scrape(0, gpus),
+        scrape(1, gpus),
+        scrape(2, ["GPU-a", "GPU-x", "GPU-c"]),  # same height, one series differs
+        scrape(3, gpus, metric="sm_clock_mhz"),  # same height, every series differs in one column
+        scrape(4, gpus[:2]),  # another height
+        scrape(5, gpus),
+    ]
+    joined = Batch.concat(parts)
+    assert joined.parts == [3, 3, 3, 3, 2, 3]
+    with Store(tmp_path / "s.duckdb") as st:
+        assert st.write("gpu_samples", joined) == joined.height
+        got = st.con.execute("SELECT ts_ns, uuid, metric, value FROM gpu_samples ORDER BY ts_ns").fetchall()
+        series = st.con.execute("SELECT count(*) FROM gpu_samples_series").fetchone()
+    want = [
+        (t, u, m, v)
+        for t, u, m, v in zip(*(joined[c] for c in ("ts_ns", "uuid", "metric", "value")), strict=True)
+    ]
+    assert got == sorted(want)
+    assert series == (3 + 1 + 3,)
