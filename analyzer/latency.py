@@ -48,6 +48,15 @@ Rules:
     15-minute window after its 60 s bins) is regrouped from the earlier result, not read again:
     the same points, the same first point of each series (the read range starts at the same
     look-back), so the same sums.
+ 11. Where the counter rollups keep each minute's increase (schema 6: the sum of the minute's
+    stored point increases, collector.store rollup rule 2), a long window's increase is a plain
+    sum of them per ``concept`` (and ``le``) and bin, with no ``lag`` (no sort), and rule 6's
+    loss goes: a reset inside a minute keeps that minute's growth before it. As with rule 9,
+    each series' first minute in the read range (look-back included) counts 0, as its ``lag``
+    over the minutes' last values had no previous row; only series with no minute in the
+    look-back have one inside the window, taken back out of its bin. Otherwise the same rows as
+    rule 6's ``lag`` statement: a minute's summed steps add up to the step between its last
+    value and the previous minute's.
 """
 
 from __future__ import annotations
@@ -297,6 +306,52 @@ def _summed_increases(table: str, described: str, where: str, name: str, every_c
         GROUP BY ALL ORDER BY {out}"""
 
 
+def _rollup_sums(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """Rule 11: whether the rollup of ``table`` keeps each minute's increase here (asked once per
+    report: rule 8)."""
+    return _shared((id(con), "rollup_sums", table), lambda: has_column(con, f"{table}_1m", "increase"))
+
+
+def _summed_minutes(table: str, described: str, where: str, name: str, every_concept: bool = False) -> str:
+    """Rule 11's statement: ``[described..., bin, name]`` summed from the rollup's minute increases.
+
+    ``r``: the rollup rows of the read range, each stamped at its minute's end. ``b``: the
+    window's sums per ``described`` and bin, one hash aggregate. ``f``: each series' first row
+    in the read range (series: the rollup's key, NULLs matching NULLs as in ``GROUP BY``); those
+    inside the window (the series had no minute in the look-back) are taken back out of their
+    bin (``g``), ``coalesce(sum, 0) - coalesce(first, 0)``, what counting 0 for them gave.
+
+    Parameters in order: the ``where`` filter's (concepts unless ``every_concept``, keys), lower
+    minute (exclusive), upper minute (inclusive), start ts, bin width, start ts, start ts, bin
+    width, start ts."""
+    concept = "true" if every_concept else f"list_contains({TEXTS}, concept)"
+    key = f"{_WIDE_KEY}, model, le" if table == "histogram_buckets" else f"{_WIDE_KEY}, model"
+    cols = described.split(", ")
+    out = ", ".join([cols[0], "bin", *cols[1:]])
+    return f"""
+        WITH r AS (
+            SELECT minute_ns + {60 * NS} AS ts_ns, {key}, increase FROM {table}_1m
+            WHERE {concept}{where} AND minute_ns > ? AND minute_ns <= ?
+        ), b AS (
+            SELECT {described}, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin, sum(increase) AS inc
+            FROM r WHERE ts_ns > ? GROUP BY ALL
+        ), f AS (
+            SELECT {key}, min(ts_ns) AS t0, arg_min_null(increase, ts_ns) AS inc0 FROM r GROUP BY ALL
+        ), g AS (
+            SELECT {described}, CAST((t0 - ? - 1) // ? AS BIGINT) AS bin, sum(inc0) AS inc0
+            FROM f WHERE t0 > ? GROUP BY ALL
+        )
+        SELECT {out}, CASE WHEN g.bin IS NULL THEN b.inc
+                           ELSE coalesce(b.inc, 0) - coalesce(g.inc0, 0) END AS {name}
+        FROM b LEFT JOIN g USING ({described}, bin) ORDER BY {out}"""
+
+
+def _minute_args(start_ns: int, end_ns: int, lower: int, bin_ns: int) -> list[int]:
+    """Rule 11's window parameters (after the filter's): rows stamped in ``(lower, end]``."""
+    minute = 60 * NS
+    return [lower - minute, end_ns - minute, start_ns, bin_ns, start_ns, start_ns, bin_ns, start_ns]
+
+
 def _series_increases(table: str, value: str, described: str, where: str) -> str:
     """Rule 7's statement: increases per point of the selected series, with ``described`` columns.
 
@@ -364,6 +419,10 @@ def bucket_increases(
         args += [start_ns, bin_ns, start_ns, end_ns]
         series = (id(con), "histogram_buckets", texts(concepts), *params, start_ns, lower)
         return _binned(series, start_ns, end_ns, bin_ns, lambda: con.execute(sql, args).pl())
+    if rollup and _rollup_sums(con, "histogram_buckets"):  # rule 11
+        sql = _summed_minutes("histogram_buckets", "concept, le", where, "count")
+        args = [texts(concepts), *params, *_minute_args(start_ns, end_ns, lower, bin_ns)]
+        return _shared((id(con), sql, *args), lambda: con.execute(sql, args).pl())
     if _points_of(con, "histogram_buckets", rollup):  # rule 7
         inner = _series_increases("histogram_buckets", "cumulative_count", "concept, le", where)
     else:
@@ -480,6 +539,16 @@ def counter_increases(
         series = (id(con), "engine_samples", *params, start_ns, lower)
         got = _binned(series, start_ns, end_ns, bin_ns, lambda: con.execute(sql, args).pl())
         return got.filter(pl.col("concept").is_in(list(concepts)))
+    if rollup and _rollup_sums(con, "engine_samples"):  # rule 11, every concept at once as rule 9
+        every = _SHARED.get() is not None
+        sql = _summed_minutes("engine_samples", "concept", where, "increase", every_concept=every)
+        args = [
+            *([] if every else [texts(concepts)]),
+            *params,
+            *_minute_args(start_ns, end_ns, lower, bin_ns),
+        ]
+        got = _shared((id(con), sql, *args), lambda: con.execute(sql, args).pl())
+        return got.filter(pl.col("concept").is_in(list(concepts))) if every else got
     if _points_of(con, "engine_samples", rollup):  # rule 7
         inner = _series_increases("engine_samples", "value", "concept", where)
     else:
