@@ -164,9 +164,20 @@ class Agent:
         retention = Retention(self.settings.raw_retention_s, self.settings.rollup_retention_s)
         while await self.sidecar.pause(self.settings.maintenance_interval_s):
             try:
-                await asyncio.to_thread(self.store.maintain, time.time_ns(), retention)
+                await asyncio.to_thread(self._maintain, retention)
             except Exception:
                 log.exception("store maintenance failed; will retry next interval")
+
+    def _maintain(self, retention: Retention) -> None:
+        """One maintenance pass; a collector-only agent then checkpoints, which hands the pass's
+        rewritten rollup rows and the rows appended since the last checkpoint to the file:
+        DuckDB's in-memory tables fall from ~26-28 MB (its 32 MB cap) to ~4 MB, and with
+        :data:`ioe.sidecar.COLLECTOR_JEMALLOC` the memory goes back to the system (an hour of the
+        bench's node replayed in process: 135-140 MB resident after 3 minutes without either,
+        108-115 MB with both; the same total CPU, the checkpoints the WAL would trigger anyway)."""
+        self.store.maintain(time.time_ns(), retention)
+        if not self.settings.api_enabled:
+            self.store.checkpoint()
 
     async def _inspector_loop(self) -> None:
         from pathlib import Path

@@ -11,9 +11,10 @@ Rules:
      handed to typer, so help and usage errors are the command's own.
   2. The settings are validated by ``load_settings`` in a child process
      (:func:`ioeconf.plain.validated`): the same checks and the same one-line error, exit 2. A
-     collector-only agent runs on :class:`ioeconf.plain.PlainSettings`; with the API on, the
-     settings are loaded again in this process (the API takes the models and imports pydantic
-     anyway).
+     collector-only agent runs on :class:`ioeconf.plain.PlainSettings`, with DuckDB's allocator
+     returning freed memory at once (:data:`COLLECTOR_JEMALLOC`, unless ``DUCKDB_JE_MALLOC_CONF``
+     is set); with the API on, the settings are loaded again in this process (the API takes the
+     models and imports pydantic anyway).
   3. :func:`run` is the command for both ways in (``ioe.commands.sidecar``'s rules): ports checked
      first, a store that cannot be opened is one line and exit 2, Ctrl-C and SIGTERM stop it.
 """
@@ -21,6 +22,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from typing import TYPE_CHECKING, Any, cast
 
@@ -29,6 +31,11 @@ if TYPE_CHECKING:
     from ioe.settings import Settings
 
 COMMAND = "ioe sidecar"
+# DuckDB's own jemalloc (read once, when the library loads): freed pages go back to the system at
+# once. With jemalloc's decay (DuckDB sets 1 s), a collector's RSS kept what each maintenance pass
+# and checkpoint freed: 135-140 MB after 3 minutes of the bench's node replayed in process, 108-115
+# MB with this and a checkpoint after each pass (collector.agent.Agent._maintain), same total CPU.
+COLLECTOR_JEMALLOC = "dirty_decay_ms:0,muzzy_decay_ms:0"
 _OPTIONS = {"--config": "config", "--store": "store_path", "--port": "listen_port", "--listen": "listen_host"}
 
 
@@ -79,6 +86,8 @@ def main(args: list[str]) -> None:
         settings = _exits(lambda: settings_or_exit(config, **given))
     else:
         settings = cast("Settings", PlainSettings(dump))
+        if "duckdb" not in sys.modules:  # not imported yet: this process's first DuckDB
+            os.environ.setdefault("DUCKDB_JE_MALLOC_CONF", COLLECTOR_JEMALLOC)
     _exits(lambda: run(settings))
 
 

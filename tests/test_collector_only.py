@@ -83,6 +83,8 @@ def test_collector_only_sidecar_serves_health_and_metrics_and_stores(tmp_path: P
         missing = httpx.get(f"{base}/api/v1/deployments")
         assert missing.status_code == 404 and "/healthz" in missing.json()["error"]
         assert httpx.post(f"{base}/v1/traces", content=b"x").status_code == 405
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        assert b"DUCKDB_JE_MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0" in environ
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         # no pyarrow, numpy, pandas or polars loaded (batches reach DuckDB through nanoarrow), and
         # no pydantic (the settings were validated in a child: ioeconf.plain)
@@ -298,3 +300,26 @@ def test_the_sidecars_own_option_parsing_hands_the_rest_to_typer() -> None:
     assert helped.returncode == 0 and "--config" in helped.stdout and "Usage:" in helped.stdout
     wrong = _sidecar(["--port", "nine"])
     assert wrong.returncode == 2 and "Invalid value for '--port'" in wrong.stderr
+
+
+@pytest.mark.parametrize("api_enabled", [False, True])
+def test_a_collector_checkpoints_after_each_maintenance_pass(api_enabled: bool, tmp_path: Path) -> None:
+    """collector.agent.Agent._maintain: a collector-only agent hands what the pass rewrote and
+    the rows appended since the last checkpoint to the file (its write-ahead log is emptied);
+    with the API the WAL's own threshold decides, as before."""
+    from collector.agent import Agent
+    from collector.records import batch
+    from collector.store import Retention
+
+    store = tmp_path / "node.duckdb"
+    agent = Agent(Settings(api_enabled=api_enabled, store_path=str(store), listen_port=0), readers=[])
+    try:
+        rows = [{"ts_ns": 10**18 + k, "host": "h", "uuid": "GPU-1", "metric": "power_w", "value": 1.0}
+                for k in range(100)]  # fmt: skip
+        agent.store.write("gpu_samples", batch("gpu_samples", rows))
+        wal = Path(f"{store}.wal")
+        assert wal.exists() and wal.stat().st_size > 0
+        agent._maintain(Retention())
+        assert (wal.exists() and wal.stat().st_size > 0) == api_enabled
+    finally:
+        agent.store.close()
