@@ -44,8 +44,9 @@ fitted to it: the loop AIConfigurator's generator scripts (aiperf at concurrency
 requests, then 20C profiled ones, ISL and OSL fixed, each phase opening with all C clients at
 once) driving an engine that runs the live model's steps under the generator's engine settings
 (a step budget of C + ISL + 1500 tokens: vLLM ``max-num-batched-tokens``, TRT-LLM
-``max_num_tokens``, SGLang ``max-prefill-tokens`` ISL + 1500 with ``--enable-mixed-chunk`` and the
-decodes riding on top). It says what TTFT the benchmark's own loop produces from the GPU work
+``max_num_tokens``; SGLang ``max-prefill-tokens`` ISL + 1500 per prefill batch, replayed with the
+engine's scheduler of the factor table, prefill-first, although the generator also passes
+``--enable-mixed-chunk``). It says what TTFT the benchmark's own loop produces from the GPU work
 the live model prices; what a row measures beyond it is not queueing for that work.
 """
 
