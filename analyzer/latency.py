@@ -43,11 +43,12 @@ Rules:
     points, per series and bin, with no ``lag`` (no sort): each series' first point in the read
     range (look-back included) counts 0, as its ``lag`` had no previous point (rule 5 there).
     The same rows as rule 7's statement, up to the order floats are added in.
- 10. Inside :func:`shared_reads`, a statement of rule 9 whose window starts where an earlier
+ 10. Inside :func:`shared_reads`, a statement of rule 9 or 11 whose window starts where an earlier
     one's does, ends no later and is cut in bins that the earlier one's bins divide (the whole
     15-minute window after its 60 s bins) is regrouped from the earlier result, not read again:
     the same points, the same first point of each series (the read range starts at the same
-    look-back), so the same sums.
+    look-back), so the same sums (a 24 h window's whole-window rollup sums come from its 60 s
+    bins, which the load curve read first).
  11. Where the counter rollups keep each minute's increase (schema 6: the sum of the minute's
     stored point increases, collector.store rollup rule 2), a long window's increase is a plain
     sum of them per ``concept`` (and ``le``) and bin, with no ``lag`` (no sort), and rule 6's
@@ -327,9 +328,10 @@ def _summed_minutes(
     window's sums per ``described`` and bin, one hash aggregate. ``f``: each series' first row
     in the read range (series: the rollup's key, NULLs matching NULLs as in ``GROUP BY``); those
     inside the window (the series had no minute in the look-back) are taken back out of their
-    bin (``g``), ``coalesce(sum, 0) - coalesce(first, 0)``, what counting 0 for them gave. The
-    window's numbers are SQL literals: a bound integer parameter costs DuckDB's Python client
-    ~1.5 ms (it looks for pandas), 12 ms a statement here.
+    bin (``g``), ``coalesce(sum, 0) - coalesce(first, 0)``, what counting 0 for them gave. Rows
+    come unordered (:func:`_ordered` sorts them). The window's numbers are SQL literals: a bound
+    integer parameter costs DuckDB's Python client ~1.5 ms (it looks for pandas), 12 ms a
+    statement here.
 
     Parameters in order: the ``where`` filter's (concepts unless ``every_concept``, keys)."""
     start, end, lower, bin_ns = (int(x) for x in window)
@@ -353,7 +355,13 @@ def _summed_minutes(
         )
         SELECT {out}, CASE WHEN g.bin IS NULL THEN b.inc
                            ELSE coalesce(b.inc, 0) - coalesce(g.inc0, 0) END AS {name}
-        FROM b LEFT JOIN g USING ({described}, bin) ORDER BY {out}"""
+        FROM b LEFT JOIN g USING ({described}, bin)"""
+
+
+def _ordered(rows: pl.DataFrame) -> pl.DataFrame:
+    """Rule 11's rows in the order of the ``lag`` statement's ``ORDER BY`` (sorted here: DuckDB's
+    sort of a day's 60 s bins cost more than the aggregate)."""
+    return rows.sort(rows.columns[:-1])
 
 
 def _series_increases(table: str, value: str, described: str, where: str) -> str:
@@ -427,7 +435,8 @@ def bucket_increases(
         window = (start_ns, end_ns, lower, bin_ns)
         sql = _summed_minutes("histogram_buckets", "concept, le", where, "count", window)
         args = [texts(concepts), *params]
-        return _shared((id(con), sql, *args), lambda: con.execute(sql, args).pl())
+        series = (id(con), "histogram_buckets_1m", texts(concepts), *params, start_ns, lower)
+        return _binned(series, start_ns, end_ns, bin_ns, lambda: _ordered(con.execute(sql, args).pl()))
     if _points_of(con, "histogram_buckets", rollup):  # rule 7
         inner = _series_increases("histogram_buckets", "cumulative_count", "concept, le", where)
     else:
@@ -612,8 +621,11 @@ def counter_increases(
         window = (start_ns, end_ns, lower, bin_ns)
         sql = _summed_minutes("engine_samples", "concept", where, "increase", window, every_concept=every)
         args = [*([] if every else [texts(concepts)]), *params]
-        got = _shared((id(con), sql, *args), lambda: con.execute(sql, args).pl())
-        return got.filter(pl.col("concept").is_in(list(concepts))) if every else got
+        if not every:
+            return _ordered(con.execute(sql, args).pl())
+        series = (id(con), "engine_samples_1m", *params, start_ns, lower)
+        got = _binned(series, start_ns, end_ns, bin_ns, lambda: _ordered(con.execute(sql, args).pl()))
+        return got.filter(pl.col("concept").is_in(list(concepts)))
     if _points_of(con, "engine_samples", rollup):  # rule 7
         inner = _series_increases("engine_samples", "value", "concept", where)
     else:

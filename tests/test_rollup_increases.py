@@ -260,3 +260,25 @@ def _reads(con: Any, kw: dict[str, Any]) -> list[pl.DataFrame]:
         latency.counter_increases(con, concepts=counters, rollup=True, **kw),
         latency.bucket_increases(con, concepts=["ttft_seconds"], rollup=True, **kw),
     ]
+
+
+def test_a_report_regroups_the_minutes_it_has_already_summed(store: Store) -> None:
+    """analyzer.latency rule 10 for rule 11: after 60 s bins of (start, end], the whole window and
+    a shorter one from the same start come from those bins, equal to reading them alone."""
+    start = BASE + 1440 * NS
+    asks = [
+        (BASE + 5400 * NS, 60.0),
+        (BASE + 5400 * NS, None),
+        (BASE + 3600 * NS, None),
+        (BASE + 3600 * NS, 300.0),
+    ]
+    for fn, kw in (
+        (latency.bucket_increases, {"concepts": ["ttft_seconds"]}),
+        (latency.counter_increases, {"concepts": ["generation_tokens_total", "prompt_tokens_total"]}),
+    ):
+        alone = [fn(store.con, start, end, bin_s=b, rollup=True, **kw) for end, b in asks]
+        with latency.shared_reads():
+            shared = [fn(store.con, start, end, bin_s=b, rollup=True, **kw) for end, b in asks]
+        for a, b in zip(alone, shared, strict=True):
+            assert a.height > 0
+            _same(a, b)
