@@ -173,9 +173,15 @@ def rollup_for(
     """Rule 6: whether ``(start_ns, end_ns]`` (in ``bin_s`` bins, or whole) reads the rollups."""
     if end_ns - start_ns <= ROLLUP_AFTER_S * NS or (bin_s is not None and bin_s % 60):
         return False
+    return _shared((id(con), "rollup_rows", start_ns, end_ns), lambda: _rollup_rows(con, start_ns, end_ns))
+
+
+def _rollup_rows(con: duckdb.DuckDBPyConnection, start_ns: int, end_ns: int) -> bool:
+    """Whether the rollups hold a minute in ``[start_ns, end_ns)`` (asked once per report and
+    window, rule 8; the numbers as SQL literals, as in :func:`_summed_minutes`)."""
     row = con.execute(
-        "SELECT EXISTS (SELECT 1 FROM engine_samples_1m WHERE minute_ns >= ? AND minute_ns < ?)",
-        [start_ns, end_ns],
+        "SELECT EXISTS (SELECT 1 FROM engine_samples_1m "
+        f"WHERE minute_ns >= {int(start_ns)} AND minute_ns < {int(end_ns)})"
     ).fetchone()
     return bool(row and row[0])
 
