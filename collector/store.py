@@ -596,9 +596,11 @@ class Store(RowCounts):
            from the first minute with a raw point in that span up to the current minute are
            deleted by a plain ``minute_ns`` range and inserted again from the raw points, in
            one transaction. Minutes before that first raw point are left alone, so a minute
-           whose raw points retention deleted keeps its rollup; retention deletes whole old
-           minutes only, so no minute inside the range lost its points while one before it
-           kept them.
+           whose raw points retention deleted keeps its rollup; retention deletes the oldest
+           points first, so no minute after the first raw point lost its points (as the old
+           ``IN (SELECT DISTINCT minute …)`` delete, a minute that retention cut in part is
+           rolled up again from what is left, which only a raw retention under the two
+           recomputed minutes could reach).
         2. A counter rollup (``engine_samples_1m``, ``histogram_buckets_1m``) keeps the minute's
            ``increase``: the sum of its points' stored increases (collector.increases rule 1),
            so the first point's step from the previous minute counts and a reset inside the
