@@ -31,6 +31,9 @@ equal to those written to Prometheus).
 Growth per sample after the first hour (a long-running store's density): run ``--hours 3`` and
 ``--hours 1`` and divide the difference in bytes by the samples of the two extra hours.
 
+The cost of rewriting a closed store without its free blocks (``collector.compaction``):
+``--compaction 1 4 12 48`` times it on stores of those hours (:func:`compaction_cost`).
+
 Run: ``.venv/bin/python -m bench.bench_density [--rounds 3] [--hours 1] [--grid] [--keep DIR]``.
 """
 
