@@ -669,9 +669,12 @@ class Store(RowCounts):
             if not self.read_only and self.path != ":memory:":
                 try:
                     self.pack()
-                    rewrite = self._worth_rewriting()
                 except duckdb.Error:
                     log.exception("store %s: packing at close failed; the points stay as written", self.path)
+                try:
+                    rewrite = self._worth_rewriting()
+                except duckdb.Error as exc:
+                    log.warning("store %s: checkpoint at close failed (%s); not rewritten", self.path, exc)
             self._writer.close()
             self.con.close()
             if rewrite:
@@ -698,6 +701,7 @@ class Store(RowCounts):
         long-running store keeps about one hour of free blocks (reused by the next hour), so the
         share falls under a quarter after a few hours (12 h: 18 %); the size cap bounds the
         rewrite at ~6 s on such a machine, within a shutdown's grace period."""
+        self.con.execute("CHECKPOINT")  # blocks the packing freed count as free only after it
         got = self.con.execute(
             "SELECT block_size, total_blocks, free_blocks FROM pragma_database_size() "
             "WHERE database_name = current_database()"

@@ -116,13 +116,18 @@ def _rows_of(rows: object) -> list[tuple[object, ...]]:
 
 
 def test_a_file_with_few_free_blocks_is_not_rewritten(tmp_path: Path) -> None:
+    """A store of three packed hours, then a session that adds a few recent points: its close
+    leaves far under a quarter of the blocks free, and the file is closed in place."""
     path = tmp_path / "s.duckdb"
     with Store(path) as store:
-        store.write("gpu_samples", _gpu(0, n_series=20, step_s=60))
+        for hour in range(3):
+            store.write_closed("gpu_samples", _gpu(hour))
     inode = path.stat().st_ino
-    with Store(path) as store:
-        store.write("gpu_samples", _gpu(1, n_series=20, step_s=60))
+    with Store(path) as store:  # points of 2034: recent, not packed at this close
+        store.write("gpu_samples", _gpu(100_000, n_series=3, step_s=600))
     assert path.stat().st_ino == inode  # written in place, never copied
+    total, free, _ = _blocks(path)
+    assert free < 0.25 * total
 
 
 def test_an_old_format_file_is_upgraded_by_the_rewrite(tmp_path: Path) -> None:
