@@ -262,28 +262,38 @@ def _stored_increases(con: duckdb.DuckDBPyConnection, table: str) -> bool:
 def _summed_increases(table: str, described: str, where: str, name: str, every_concept: bool = False) -> str:
     """Rule 9's statement: ``[described..., bin, name]`` summed from the points' stored increases.
 
-    The window's points are summed by series and bin in one pass (``b``). The first point of a
-    series in the read range counts 0: for a series with a point in the look-back that point is
-    before the window, so nothing is taken out; for the others (``fresh``: a series that
+    The points of the read range (look-back and window) are read once and summed by series and
+    bin (``p``): window bins from 0, look-back bins negative (bins counted from a start ``m``
+    bins before the window's, so every dividend is positive and ``//`` floors). The first point
+    of a series in the read range counts 0: for a series with a point in the look-back that point
+    is before the window, so nothing is taken out; for the others (``fresh``: a series that
     started inside the window or came back after a gap, usually none) their first point in the
     window (``f``) is taken back out of its bin, ``coalesce(sum, 0) - coalesce(first, 0)``: what
-    adding 0 for it and the stored increases of the others gave, NULLs included (the first
-    point makes that bin's sum non-NULL).
+    adding 0 for it and the stored increases of the others gave, NULLs included (the first point
+    makes that bin's sum non-NULL).
 
-    Parameters in order: the ``where`` filter's (concepts unless ``every_concept``, keys), start
-    ts, bin width, start ts, upper ts, lower ts, start ts, start ts, bin width, start ts, upper ts."""
+    The points are summed before they are matched to the selected series (``ser``), bounded only
+    by the selection's lowest and highest ``series_id``: matching 5.6 M points of a 512-GPU
+    window to their series one by one cost more than summing them, and where the points are
+    packed by series (``collector.series``) every read of a packed hour scans all of it, so the
+    look-back is read in the same pass (a second read cost as much as the window's).
+
+    Parameters in order: the ``where`` filter's (concepts unless ``every_concept``, keys), the
+    bins' start (start ts − ``m`` × bin width), bin width, ``m``, lower ts, upper ts, lowest and
+    highest series_id (:func:`_series_range`), then start ts, bin width, start ts, upper ts."""
     concept = "true" if every_concept else f"list_contains({TEXTS}, concept)"
     cols = described.split(", ")
     out = ", ".join([cols[0], "bin", *cols[1:]])
-    pts = f"{table}_points WHERE series_id IN (SELECT series_id FROM ser) AND ts_ns > ? AND ts_ns <= ?"
     return f"""
         WITH ser AS (
             SELECT series_id, {described} FROM {table}_series WHERE {concept}{where}
-        ), b AS (
-            SELECT series_id, CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin, sum(increase) AS inc
-            FROM {pts} GROUP BY ALL
+        ), p AS MATERIALIZED (
+            SELECT series_id, CAST((ts_ns - ? - 1) // ? AS BIGINT) - ? AS bin, sum(increase) AS inc
+            FROM {table}_points WHERE ts_ns > ? AND ts_ns <= ? AND series_id BETWEEN ? AND ?
+            GROUP BY ALL
         ), fresh AS (
-            SELECT series_id FROM ser EXCEPT SELECT DISTINCT series_id FROM {pts}
+            SELECT series_id FROM ser
+            ANTI JOIN (SELECT series_id FROM p GROUP BY series_id HAVING min(bin) < 0) USING (series_id)
         ), f AS (
             SELECT series_id, CAST((min(ts_ns) - ? - 1) // ? AS BIGINT) AS bin,
                    arg_min_null(increase, ts_ns) AS inc0
@@ -291,10 +301,50 @@ def _summed_increases(table: str, described: str, where: str, name: str, every_c
             WHERE series_id IN (SELECT series_id FROM fresh) AND ts_ns > ? AND ts_ns <= ?
             GROUP BY series_id
         )
-        SELECT {out}, sum(CASE WHEN f.series_id IS NULL THEN b.inc
-                               ELSE coalesce(b.inc, 0) - coalesce(f.inc0, 0) END) AS {name}
-        FROM b LEFT JOIN f USING (series_id, bin) JOIN ser USING (series_id)
+        SELECT {out}, sum(CASE WHEN f.series_id IS NULL THEN p.inc
+                               ELSE coalesce(p.inc, 0) - coalesce(f.inc0, 0) END) AS {name}
+        FROM p LEFT JOIN f USING (series_id, bin) JOIN ser USING (series_id) WHERE p.bin >= 0
         GROUP BY ALL ORDER BY {out}"""
+
+
+def _summed_args(
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    where: str,
+    filters: list[Any],
+    window: tuple[int, int, int, int],
+    every_concept: bool = False,
+) -> list[Any]:
+    """The parameters of :func:`_summed_increases` after the ``where`` filter's (``filters``), for
+    ``window`` = (start ts, upper ts, bin width, lower ts)."""
+    start_ns, end_ns, bin_ns, lower = window
+    m = -(-(start_ns - lower) // bin_ns) + 1
+    lo, hi = _series_range(con, table, where, filters, every_concept)
+    return [
+        *filters,
+        start_ns - m * bin_ns,
+        bin_ns,
+        m,
+        lower,
+        end_ns,
+        lo,
+        hi,
+        start_ns,
+        bin_ns,
+        start_ns,
+        end_ns,
+    ]
+
+
+def _series_range(
+    con: duckdb.DuckDBPyConnection, table: str, where: str, filters: list[Any], every_concept: bool
+) -> tuple[int, int]:
+    """The lowest and highest ``series_id`` of rule 9's selection (-1, -1 when it is empty), asked
+    once per report (rule 8)."""
+    concept = "true" if every_concept else f"list_contains({TEXTS}, concept)"
+    sql = f"SELECT min(series_id), max(series_id) FROM {table}_series WHERE {concept}{where}"
+    row = _shared((id(con), sql, *filters), lambda: con.execute(sql, filters).fetchone())
+    return (-1, -1) if not row or row[0] is None else (int(row[0]), int(row[1]))
 
 
 def _series_increases(table: str, value: str, described: str, where: str) -> str:
@@ -360,8 +410,9 @@ def bucket_increases(
     lower = start_ns - int(lookback_s * NS)
     if _points_of(con, "histogram_buckets", rollup) and _stored_increases(con, "histogram_buckets"):  # rule 9
         sql = _summed_increases("histogram_buckets", "concept, le", where, "count")
-        args = [texts(concepts), *params, start_ns, bin_ns, start_ns, end_ns, lower, start_ns]
-        args += [start_ns, bin_ns, start_ns, end_ns]
+        args = _summed_args(
+            con, "histogram_buckets", where, [texts(concepts), *params], (start_ns, end_ns, bin_ns, lower)
+        )
         series = (id(con), "histogram_buckets", texts(concepts), *params, start_ns, lower)
         return _binned(series, start_ns, end_ns, bin_ns, lambda: con.execute(sql, args).pl())
     if _points_of(con, "histogram_buckets", rollup):  # rule 7
@@ -473,8 +524,8 @@ def counter_increases(
     if _points_of(con, "engine_samples", rollup) and _stored_increases(con, "engine_samples"):  # rule 9
         every = _SHARED.get() is not None
         sql = _summed_increases("engine_samples", "concept", where, "increase", every_concept=every)
-        args = [*([] if every else [texts(concepts)]), *params, start_ns, bin_ns, start_ns, end_ns, lower]
-        args += [start_ns, start_ns, bin_ns, start_ns, end_ns]
+        filters = [*([] if every else [texts(concepts)]), *params]
+        args = _summed_args(con, "engine_samples", where, filters, (start_ns, end_ns, bin_ns, lower), every)
         if not every:
             return con.execute(sql, args).pl()
         series = (id(con), "engine_samples", *params, start_ns, lower)
