@@ -47,7 +47,9 @@ Rules:
     one's does, ends no later and is cut in bins that the earlier one's bins divide (the whole
     15-minute window after its 60 s bins) is regrouped from the earlier result, not read again:
     the same points, the same first point of each series (the read range starts at the same
-    look-back), so the same sums.
+    look-back), so the same sums. Inside :func:`shared_reads` rule 9 reads every concept of the
+    table for the selected engines at once and each call keeps its own concepts: the envelope's
+    ITL per minute and every histogram over the window are one read of the window's points.
 """
 
 from __future__ import annotations
@@ -192,6 +194,11 @@ def shared_reads() -> Iterator[None]:
         yield
     finally:
         _SHARED.reset(token)
+
+
+def in_shared_reads() -> bool:
+    """Whether this thread or task is inside :func:`shared_reads` (rule 8)."""
+    return _SHARED.get() is not None
 
 
 def _shared(key: tuple[Any, ...], run: Callable[[], _T]) -> _T:
@@ -402,19 +409,25 @@ def bucket_increases(
     """Rules 1-2: ``[concept, bin, le, count]`` increases in (start, end], merged over series.
 
     ``bin`` is 0 for the whole window, else ``(ts − start − 1) // bin`` (bin k spans
-    ``(start + k·bin, start + (k+1)·bin]``). ``rollup=None``: rule 6's choice.
+    ``(start + k·bin, start + (k+1)·bin]``). ``rollup=None``: rule 6's choice. Inside
+    :func:`shared_reads`, stored increases are summed for every concept at once (rule 10).
     """
     rollup = rollup_for(con, start_ns, end_ns, bin_s) if rollup is None else rollup
     where, params = _key_filter(keys)
     bin_ns = int(bin_s * NS) if bin_s else max(end_ns - start_ns, 1)
     lower = start_ns - int(lookback_s * NS)
     if _points_of(con, "histogram_buckets", rollup) and _stored_increases(con, "histogram_buckets"):  # rule 9
-        sql = _summed_increases("histogram_buckets", "concept, le", where, "count")
+        every = _SHARED.get() is not None
+        sql = _summed_increases("histogram_buckets", "concept, le", where, "count", every_concept=every)
+        filters = [*([] if every else [texts(concepts)]), *params]
         args = _summed_args(
-            con, "histogram_buckets", where, [texts(concepts), *params], (start_ns, end_ns, bin_ns, lower)
+            con, "histogram_buckets", where, filters, (start_ns, end_ns, bin_ns, lower), every
         )
-        series = (id(con), "histogram_buckets", texts(concepts), *params, start_ns, lower)
-        return _binned(series, start_ns, end_ns, bin_ns, lambda: con.execute(sql, args).pl())
+        if not every:
+            return con.execute(sql, args).pl()
+        series = (id(con), "histogram_buckets", *params, start_ns, lower)
+        got = _binned(series, start_ns, end_ns, bin_ns, lambda: con.execute(sql, args).pl())
+        return got.filter(pl.col("concept").is_in(list(concepts)))
     if _points_of(con, "histogram_buckets", rollup):  # rule 7
         inner = _series_increases("histogram_buckets", "cumulative_count", "concept, le", where)
     else:

@@ -50,8 +50,13 @@ import duckdb
 import numpy as np
 
 from analyzer.deployments import TEXTS, Deployment, has_points, texts
-from analyzer.latency import HISTOGRAMS, NS, binned_quantiles, window_quantiles
-from analyzer.regression_axes import AXES, UNITS, Parts, axis_parts, choose_sources
+from analyzer.latency import (
+    HISTOGRAMS,
+    NS,
+    binned_quantiles,
+    window_quantiles,
+)
+from analyzer.regression_axes import AXES, GAUGE_AXES, UNITS, Parts, axis_parts, choose_sources
 from analyzer.thresholds import Thresholds
 
 METRICS = ("ttft_seconds", "itl_seconds")
@@ -202,18 +207,24 @@ def _axes(
     span0, start_ns, end_ns = span
     window = end_ns - start_ns
     before, after = ((max(cp - window, span0), cp), (cp, end_ns)) if cp else (baseline, (start_ns, end_ns))
-    src = choose_sources(con, dep, (before, after), (start_ns, end_ns))
-    grid = axis_parts(con, dep, span0, end_ns, th.bin_s, src)
     bin_ns = max(int(th.bin_s * NS), 1)
+    src = choose_sources(con, dep, (before, after), (start_ns, end_ns), span=(span0, end_ns, th.bin_s))
+    grid = axis_parts(con, dep, span0, end_ns, th.bin_s, src)
     if cp:  # rule 5: both sides are whole bins of the span's grid
         k0, k1 = (before[0] - span0) // bin_ns, (cp - span0) // bin_ns
         sides = {a: (p.value(k0, k1), p.value(k1, len(p.num))) for a, p in grid.items()}
     else:
-        a = axis_parts(con, dep, *before, (before[1] - before[0]) / NS, src)
-        b = axis_parts(con, dep, *after, (after[1] - after[0]) / NS, src)
+        edges = [(t - span0) // bin_ns for t in (*before, *after)]
+        on_grid = all(span0 <= t <= end_ns and (t - span0) % bin_ns == 0 for t in (*before, *after))
+        a = axis_parts(con, dep, *before, (before[1] - before[0]) / NS, src, gauges=not on_grid)
+        b = axis_parts(con, dep, *after, (after[1] - after[0]) / NS, src, gauges=not on_grid)
         sides = {
             k: (a[k].value(0, 1) if k in a else None, b[k].value(0, 1) if k in b else None) for k in AXES
         }
+        if on_grid:  # the gauge axes' sums and counts add up over the span's bins
+            sides.update(
+                {k: (grid[k].value(*edges[:2]), grid[k].value(*edges[2:])) for k in GAUGE_AXES if k in grid}
+            )
     starts = span0 + np.arange(max((len(p.num) for p in grid.values()), default=0)) * bin_ns
     return [_axis_row(axis, sides.get(axis, (None, None)), grid.get(axis), starts, cp, th) for axis in AXES]
 
