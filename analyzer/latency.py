@@ -257,6 +257,26 @@ def _points_of(con: duckdb.DuckDBPyConnection, table: str, rollup: bool) -> bool
     return not rollup and _shared((id(con), "has_points", table), lambda: has_points(con, table))
 
 
+def reads_points(con: duckdb.DuckDBPyConnection, table: str, rollup: bool = False) -> bool:
+    """Rule 7's choice for any raw read of ``table``: its points table (and ``{table}_series``)
+    rather than the wide view, asked once per report."""
+    return _points_of(con, table, rollup)
+
+
+def per_series_means(table: str) -> str:
+    """The points of ``table`` in ``(lower, upper]`` summed per series, to be joined to the few
+    series a report selects: ``series_id, v, n``, a gauge's mean over a group of series being
+    ``sum(v) / sum(n)``. Joining each point to its series first (the view ``{table}`` joins
+    every point to its text columns) cost a hash probe a point: 0.38 s against 0.21 s for the
+    window means of 512 GPUs' engines. (Per time bin the view's plan was the faster one.)
+
+    Parameters: lower ts, upper ts."""
+    return (
+        f"(SELECT series_id, sum(value) AS v, count(value) AS n FROM {table}_points "
+        "WHERE ts_ns > ? AND ts_ns <= ? GROUP BY series_id)"
+    )
+
+
 def _stored_increases(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     """Rule 9: whether the points of ``table`` keep each point's increase here (asked once per
     report: rule 8; a catalog query costs ~30 ms on a busy machine)."""

@@ -100,9 +100,10 @@ def history_start(con: duckdb.DuckDBPyConnection, dep: Deployment) -> int | None
     where = f"list_contains({TEXTS}, source)"  # by source, not by the composed key: one plain column filter
     sql = f"SELECT min(ts_ns) FROM engine_samples WHERE {where}"
     if has_points(con, "engine_samples"):  # the series' points alone, not every point joined to its series
-        sql = (
-            "SELECT min(ts_ns) FROM engine_samples_points WHERE series_id IN "
-            f"(SELECT series_id FROM engine_samples_series WHERE {where})"
+        sql = (  # each series' first point, then the sources' series: a hash per point was 2-3x the cost
+            f"WITH s AS (SELECT series_id FROM engine_samples_series WHERE {where}) "
+            "SELECT min(t) FROM (SELECT series_id, min(ts_ns) AS t FROM engine_samples_points"
+            " GROUP BY series_id) JOIN s USING (series_id)"
         )
     row = con.execute(sql, [texts(sources)]).fetchone()
     return int(row[0]) if row and row[0] is not None else None
