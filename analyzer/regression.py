@@ -49,13 +49,8 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from analyzer.deployments import TEXTS, Deployment, has_points, texts
-from analyzer.latency import (
-    HISTOGRAMS,
-    NS,
-    binned_quantiles,
-    window_quantiles,
-)
+from analyzer.deployments import TEXTS, Deployment, texts
+from analyzer.latency import HISTOGRAMS, NS, binned_quantiles, reads_points, window_quantiles
 from analyzer.regression_axes import AXES, GAUGE_AXES, UNITS, Parts, axis_parts, choose_sources
 from analyzer.thresholds import Thresholds
 
@@ -99,7 +94,7 @@ def history_start(con: duckdb.DuckDBPyConnection, dep: Deployment) -> int | None
     sources = sorted({k.split("|", 1)[0] for k in dep.engine_keys})
     where = f"list_contains({TEXTS}, source)"  # by source, not by the composed key: one plain column filter
     sql = f"SELECT min(ts_ns) FROM engine_samples WHERE {where}"
-    if has_points(con, "engine_samples"):  # the series' points alone, not every point joined to its series
+    if reads_points(con, "engine_samples"):  # the series' points alone, not every point joined to its series
         sql = (  # each series' first point, then the sources' series: a hash per point was 2-3x the cost
             f"WITH s AS (SELECT series_id FROM engine_samples_series WHERE {where}) "
             "SELECT min(t) FROM (SELECT series_id, min(ts_ns) AS t FROM engine_samples_points"
