@@ -30,7 +30,9 @@ Rules:
     ``after ÷ before − 1``: with a latency change point, ``before`` = up to one window length
     before it within the span of rule 4 and ``after`` = from it to the window end; without one,
     the baseline window against the window. An axis moved when ``|change|`` ≥
-    ``regression_axis_min_change_ratio``.
+    ``regression_axis_min_change_ratio``. The gauge axes (KV, fabric, clocks: sums and counts of
+    samples) take a side that lies on whole bins of the span from those bins, a span of raw rows
+    being read once rather than once more per side.
  6. Each moved axis gets its own change point (rule 4 on its per-bin series over the span of
     rule 4) and ``lead_s`` = latency change point − axis change point (positive: the axis moved
     earlier).
@@ -50,7 +52,7 @@ import duckdb
 import numpy as np
 
 from analyzer.deployments import TEXTS, Deployment, texts
-from analyzer.latency import HISTOGRAMS, NS, binned_quantiles, reads_points, window_quantiles
+from analyzer.latency import HISTOGRAMS, NS, ROLLUP_AFTER_S, binned_quantiles, reads_points, window_quantiles
 from analyzer.regression_axes import AXES, GAUGE_AXES, UNITS, Parts, axis_parts, choose_sources
 from analyzer.thresholds import Thresholds
 
@@ -211,7 +213,9 @@ def _axes(
         sides = {a: (p.value(k0, k1), p.value(k1, len(p.num))) for a, p in grid.items()}
     else:
         edges = [(t - span0) // bin_ns for t in (*before, *after)]
-        on_grid = all(span0 <= t <= end_ns and (t - span0) % bin_ns == 0 for t in (*before, *after))
+        on_grid = end_ns - span0 <= ROLLUP_AFTER_S * NS and all(  # raw rows on both (latency rule 6)
+            span0 <= t <= end_ns and (t - span0) % bin_ns == 0 for t in (*before, *after)
+        )
         a = axis_parts(con, dep, *before, (before[1] - before[0]) / NS, src, gauges=not on_grid)
         b = axis_parts(con, dep, *after, (after[1] - after[0]) / NS, src, gauges=not on_grid)
         sides = {
