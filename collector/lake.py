@@ -35,6 +35,12 @@ Rules:
    applies retention, then flushes inlined data, merges adjacent files, expires old
    snapshots and removes their files. Run it from ONE process per lake (the API server or a
    designated sidecar): two concurrent rollup passes could both insert a minute's rollup.
+7. **Rollup increases.** A counter rollup's ``increase`` (``engine_samples_1m``,
+   ``histogram_buckets_1m``: the sum of the minute's point steps, as a store file keeps it,
+   collector.store rollup rule 2) is taken with ``lag`` over the rows of the dirty minutes and
+   the :data:`STEP_LOOKBACK_NS` before them (the lake's wide tables keep no point increase). A
+   series' first row after a gap longer than that has no previous row read: its step is NULL
+   (not counted), where a store file counts the step from the point before the gap.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collector.batch import Batch, as_polars
+from collector.increases import STEP_SQL
 from collector.lake_spool import Spool
 from collector.records import REPLACE_TABLES, TABLES, Table
 from collector.store import MIGRATIONS, NS_PER_MIN, SCHEMA_VERSION, Retention, RowCounts, Store, StoreError
@@ -513,6 +520,23 @@ def _time_bound(spec: Table, arrow: pa.Table) -> str:
 _ENGINE_ID = "source, engine, model, dp_rank, tp_rank, pp_rank, ep_rank, concept, labels"
 _MINUTE = f"(ts_ns - ts_ns % {NS_PER_MIN})"
 _DIRTY = f"{_MINUTE} IN (SELECT minute_ns FROM _dirty)"
+# How far before its dirty minutes a counter's points are read for their steps (rule 7).
+STEP_LOOKBACK_NS = 10 * NS_PER_MIN
+
+
+def _stepped(raw: str, value: str) -> str:
+    """Rule 7: the rows of ``raw`` around the dirty minutes with ``inc``, each one's step from the
+    previous row of its series (collector.increases rule 1, by ``lag``)."""
+    key = ", ".join(c for c in TABLES[raw].key if c != "ts_ns")
+    lo = f"(SELECT min(minute_ns) FROM _dirty) - {STEP_LOOKBACK_NS}"
+    hi = f"(SELECT max(minute_ns) FROM _dirty) + {NS_PER_MIN}"
+    return (
+        f"(SELECT *, {STEP_SQL} AS inc FROM (SELECT *, {value} AS c, lag({value}) OVER w AS prev, "
+        f"lag(ts_ns) OVER w AS prev_ts FROM {raw} WHERE ts_ns >= {lo} AND ts_ns < {hi} "
+        f"WINDOW w AS (PARTITION BY {key} ORDER BY ts_ns))) AS {raw}"
+    )
+
+
 _ROLLUP_SELECT: dict[str, tuple[str, str]] = {
     "gpu_samples_1m": (
         "gpu_samples",
@@ -522,12 +546,13 @@ _ROLLUP_SELECT: dict[str, tuple[str, str]] = {
     "engine_samples_1m": (
         "engine_samples",
         f"SELECT {_MINUTE} AS minute_ns, {_ENGINE_ID}, count(*), avg(value), max(value), "
-        f"arg_max(value, ts_ns), avg(rate_per_s) FROM engine_samples WHERE {_DIRTY} GROUP BY ALL",
+        f"arg_max(value, ts_ns), avg(rate_per_s), sum(inc) FROM {_stepped('engine_samples', 'value')} "
+        f"WHERE {_DIRTY} GROUP BY ALL",
     ),
     "histogram_buckets_1m": (
         "histogram_buckets",
-        f"SELECT {_MINUTE} AS minute_ns, {_ENGINE_ID}, le, arg_max(cumulative_count, ts_ns) "
-        f"FROM histogram_buckets WHERE {_DIRTY} GROUP BY ALL",
+        f"SELECT {_MINUTE} AS minute_ns, {_ENGINE_ID}, le, arg_max(cumulative_count, ts_ns), sum(inc) "
+        f"FROM {_stepped('histogram_buckets', 'cumulative_count')} WHERE {_DIRTY} GROUP BY ALL",
     ),
 }
 

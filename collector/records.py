@@ -322,7 +322,7 @@ GPU_SAMPLES_1M = _t(
 
 ENGINE_SAMPLES_1M = _t(
     "engine_samples_1m",
-    "Per-minute avg/max/last of engine_samples (last value and mean rate for counters).",
+    "Per-minute avg/max/last of engine_samples (last value, mean rate and increase for counters).",
     ("minute_ns", *_ENGINE_KEY),
     ("minute_ns", "BIGINT"),
     *_ENGINE_ID,
@@ -331,16 +331,20 @@ ENGINE_SAMPLES_1M = _t(
     ("max", "DOUBLE"),
     ("last", "DOUBLE"),
     ("avg_rate_per_s", "DOUBLE"),
+    # the sum of the minute's point increases (collector.increases): exact across a reset inside
+    # the minute; the last column, as ALTER TABLE … ADD COLUMN (schema 6) puts it
+    ("increase", "DOUBLE"),
 )
 
 HISTOGRAM_BUCKETS_1M = _t(
     "histogram_buckets_1m",
-    "Last cumulative bucket count per minute: any quantile over any whole-minute window.",
+    "Last cumulative bucket count and its increase per minute: any quantile over any whole-minute window.",
     ("minute_ns", *_ENGINE_KEY, "le"),
     ("minute_ns", "BIGINT"),
     *_ENGINE_ID,
     ("le", "DOUBLE"),
     ("cumulative_count", "DOUBLE"),
+    ("increase", "DOUBLE"),  # as engine_samples_1m's
 )
 
 # Rollups are rewritten a window of minutes at a time (collector.store), so they need no index to

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 NS_PER_MIN = 60_000_000_000
 # Block size of a new store file: DuckDB's default, 256 KiB. DuckDB compresses doubles with ALP
 # only in blocks this large: with 64 or 128 KiB blocks every value column stayed RLE or
@@ -77,6 +77,27 @@ ATTACHED = "store"  # the catalog name of an attached store file
 # every point, so it runs hourly, not at every maintenance pass.
 SERIES_PRUNE_NS = 3600 * 1_000_000_000
 
+
+def _increase_column(rollup: str) -> list[str]:
+    """Schema 6 for the rollup ``rollup``: its ``increase`` column, added and filled from the
+    step between each minute's last value and the previous minute's of its series (collector.
+    increases rule 1; NULL for a series' first minute), logical statements for either backend."""
+    spec = TABLES[rollup]
+    value = "cumulative_count" if rollup.startswith("histogram") else "last"
+    key = [c for c in spec.key if c != "minute_ns"]
+    match = " AND ".join(f"t.{c} IS NOT DISTINCT FROM s.{c}" for c in key)
+    cols = ", ".join(key)
+    return [
+        f"ALTER TABLE {rollup} ADD COLUMN IF NOT EXISTS {INCREASE} DOUBLE",
+        f"""UPDATE {rollup} AS t SET {INCREASE} = s.inc
+            FROM (SELECT minute_ns, {cols}, {increases.STEP_SQL} AS inc
+                  FROM (SELECT minute_ns, {cols}, {value} AS c, lag({value}) OVER w AS prev,
+                               lag(minute_ns) OVER w AS prev_ts
+                        FROM {rollup} WINDOW w AS (PARTITION BY {cols} ORDER BY minute_ns))) AS s
+            WHERE t.minute_ns = s.minute_ns AND {match}""",
+    ]
+
+
 # (from_version, statements bringing a store from from_version to from_version + 1). Shared with
 # the DuckLake store, so they change logical tables only.
 # 1 -> 2: the raw sample tables of a store file moved to the series layout. That is physical (a
@@ -87,6 +108,11 @@ SERIES_PRUNE_NS = 3600 * 1_000_000_000
 #   physical again, converted by Store._layout.
 # 4 -> 5: the points of counter tables keep each point's increase (collector.increases rule 6):
 #   physical, added and filled by Store._layout.
+# 5 -> 6: the counter rollups (engine_samples_1m, histogram_buckets_1m) keep each minute's
+#   increase (collector.store rollup rule 2), filled here from the step between consecutive
+#   minutes' last values (what the analyzer read with lag() before); a store file then computes
+#   it again from the stored point increases for every minute that still has raw points
+#   (Store._refill_rollups).
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, []),
     (
@@ -98,6 +124,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     ),
     (3, []),
     (4, []),
+    (5, [sql for t in ("engine_samples_1m", "histogram_buckets_1m") for sql in _increase_column(t)]),
 ]
 
 
@@ -291,7 +318,18 @@ class Store(RowCounts):
                 if from_version >= current:
                     for sql in statements:
                         self.con.execute(sql)
+                    if from_version == 5:
+                        self._refill_rollups()
                     self._stamp(from_version + 1)
+
+    def _refill_rollups(self) -> None:
+        """Schema 6 in a store file: the rolled-up minutes that still have raw points are rolled up
+        again, their increase summed from the points' (rollup rule 2) instead of the step between
+        minutes the migration filled in."""
+        watermark = self._state("rollup_watermark_ns")
+        if watermark:
+            log.info("store %s: summing the increase of every rolled-up minute with raw points", self.path)
+            self._roll_up(0, watermark)
 
     def _layout(self) -> None:
         """Every table of :data:`TABLES`: created when missing; a raw table in the series layout,
@@ -551,8 +589,23 @@ class Store(RowCounts):
         """Roll complete minutes up into ``*_1m``, apply retention and pack closed slices
         (:meth:`pack`); returns rows touched.
 
-        The last two complete minutes are recomputed on every pass so late samples still land
-        in their rollup (the minutes' rows are deleted and inserted again in one transaction).
+        Rollup rules:
+
+        1. Every pass recomputes the complete minutes from two minutes before the last pass's
+           end (the watermark), so late samples still land in their rollup: the rollup rows
+           from the first minute with a raw point in that span up to the current minute are
+           deleted by a plain ``minute_ns`` range and inserted again from the raw points, in
+           one transaction. Minutes before that first raw point are left alone, so a minute
+           whose raw points retention deleted keeps its rollup; retention deletes the oldest
+           points first, so no minute after the first raw point lost its points (as the old
+           ``IN (SELECT DISTINCT minute …)`` delete, a minute that retention cut in part is
+           rolled up again from what is left, which only a raw retention under the two
+           recomputed minutes could reach).
+        2. A counter rollup (``engine_samples_1m``, ``histogram_buckets_1m``) keeps the minute's
+           ``increase``: the sum of its points' stored increases (collector.increases rule 1),
+           so the first point's step from the previous minute counts and a reset inside the
+           minute loses nothing; NULL where every point's increase is (a series' first point).
+           A long window's increase is then a sum over its minutes (analyzer.latency rule 11).
         """
         now_ns = time.time_ns() if now_ns is None else now_ns
         with self._lock:
@@ -560,24 +613,8 @@ class Store(RowCounts):
 
     def _maintain(self, now_ns: int, retention: Retention) -> dict[str, int]:
         cutoff = now_ns - now_ns % NS_PER_MIN  # start of the current, incomplete minute
-        done: dict[str, int] = {}
         since = max(self._state("rollup_watermark_ns") - 2 * NS_PER_MIN, 0)
-        for name, sql in _ROLLUPS.items():
-            # the minutes of the window that have raw points are replaced whole, in one transaction
-            # (the tables have no index); a minute whose raw points retention deleted keeps its rollup
-            raw = points_name(name.removesuffix("_1m"))
-            minutes = (
-                f"SELECT DISTINCT {_MINUTE} FROM {raw} WHERE ts_ns >= {int(since)} AND ts_ns < {int(cutoff)}"
-            )
-            self.con.execute("BEGIN TRANSACTION")
-            try:
-                self.con.execute(f"DELETE FROM {name} WHERE minute_ns IN ({minutes})")
-                got = self.con.execute(sql.format(since=int(since), cutoff=int(cutoff))).fetchone()
-            except BaseException:
-                self.con.execute("ROLLBACK")
-                raise
-            self.con.execute("COMMIT")
-            done[name] = int(got[0]) if got else 0
+        done = self._roll_up(since, cutoff)
         self._set_state("rollup_watermark_ns", cutoff)
         raw_before = min(now_ns - int(retention.raw_s * 1e9), cutoff)
         for table, index in self._series.items():  # the raw tables
@@ -598,6 +635,29 @@ class Store(RowCounts):
         for table in ("gpu_samples_1m", "engine_samples_1m", "histogram_buckets_1m"):
             done[f"deleted_{table}"] = self._delete_before(table, "minute_ns", roll_before)
         done.update(self._pack(now_ns))
+        return done
+
+    def _roll_up(self, since: int, cutoff: int) -> dict[str, int]:
+        """Rollup rule 1 over the raw points in ``[since, cutoff)``; rollup rows inserted per table."""
+        done: dict[str, int] = {}
+        for name, sql in _ROLLUPS.items():
+            raw = points_name(name.removesuffix("_1m"))
+            row = self.con.execute(
+                f"SELECT min(ts_ns) FROM {raw} WHERE ts_ns >= {int(since)} AND ts_ns < {int(cutoff)}"
+            ).fetchone()
+            if not row or row[0] is None:
+                done[name] = 0
+                continue
+            lo = int(row[0]) - int(row[0]) % NS_PER_MIN
+            self.con.execute("BEGIN TRANSACTION")
+            try:
+                self.con.execute(f"DELETE FROM {name} WHERE minute_ns >= {lo} AND minute_ns < {int(cutoff)}")
+                got = self.con.execute(sql.format(since=lo, cutoff=int(cutoff))).fetchone()
+            except BaseException:
+                self.con.execute("ROLLBACK")
+                raise
+            self.con.execute("COMMIT")
+            done[name] = int(got[0]) if got else 0
         return done
 
     def pack(self, now_ns: int | None = None) -> dict[str, int]:
@@ -743,7 +803,8 @@ def _rollup(target: str, raw: str, inner: str, key: str, outer: str, last_of: st
     (``key``, ``outer``): the join and the grouping on text see one row per series and minute,
     not one per point. ``outer`` combines partial aggregates exactly: counts and sums add up,
     a mean is their ratio, the last value is the one with the latest ``ts_ns`` among the points
-    whose ``last_of`` is not NULL (``arg_max`` leaves NULL values out)."""
+    whose ``last_of`` is not NULL (``arg_max`` leaves NULL values out), an increase the sum of
+    the points' (rollup rule 2)."""
     return f"""
         INSERT INTO {target}
         SELECT m.minute_ns, {outer}
@@ -777,17 +838,17 @@ _ROLLUPS: dict[str, str] = {
         "engine_samples_1m",
         "engine_samples",
         "count(value) AS v_k, sum(value) AS v_sum, max(value) AS hi, arg_max(value, ts_ns) AS last, "
-        "count(rate_per_s) AS r_k, sum(rate_per_s) AS r_sum",
+        f"count(rate_per_s) AS r_k, sum(rate_per_s) AS r_sum, sum({INCREASE}) AS inc",
         _ENGINE_ID,
         f"{_S_ENGINE_ID}, sum(m.n), {_MEAN.format('v')}, max(m.hi), arg_max(m.last, m.last_ts), "
-        f"{_MEAN.format('r')}",
+        f"{_MEAN.format('r')}, sum(m.inc)",
     ),
     "histogram_buckets_1m": _rollup(
         "histogram_buckets_1m",
         "histogram_buckets",
-        "arg_max(cumulative_count, ts_ns) AS last",
+        f"arg_max(cumulative_count, ts_ns) AS last, sum({INCREASE}) AS inc",
         f"{_ENGINE_ID}, le",
-        f"{_S_ENGINE_ID}, s.le, arg_max(m.last, m.last_ts)",
+        f"{_S_ENGINE_ID}, s.le, arg_max(m.last, m.last_ts), sum(m.inc)",
         last_of="cumulative_count",
     ),
 }

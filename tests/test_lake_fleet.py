@@ -234,3 +234,59 @@ def test_open_store_picks_the_backend(lake: dict[str, str], tmp_path: Path) -> N
     with pytest.raises(SpoolError, match="in use by another process"):
         LakeStore(_cfg(lake, lake["spool"] + "-f"))
     st.close()
+
+
+def _engine_counter(points: list[tuple[int, float]]) -> object:
+    """Engine "x"'s token counter at ``(seconds, value)`` points."""
+    rows = [
+        {"ts_ns": s * 10**9, "source": "x", "engine": "vllm", "model": "m", "dp_rank": 0, "tp_rank": 0,
+         "pp_rank": 0, "ep_rank": 0, "concept": "generation_tokens_total", "labels": "{}", "value": v}
+        for s, v in points
+    ]  # fmt: skip
+    return frame("engine_samples", rows)
+
+
+# every 10 s from 5 s: +10 a step to 70 at 75 s, a reset to 5 at 85 s (inside the minute 60-120 s),
+# +10 a step to 45 at 125 s
+_RESET_INSIDE = [
+    (5 + 10 * i, float(v)) for i, v in enumerate([0, 10, 20, 30, 40, 50, 60, 70, 5, 15, 25, 35, 45])
+]
+
+
+def test_lake_rollups_keep_each_minutes_increase(lake: dict[str, str]) -> None:
+    """collector.lake rule 7: minute 0 holds 5 steps of +10 (the first point has none): 50; minute
+    1: +10, +10, the reset (+5), +30: 55; minute 2: +10. A long window sums them (analyzer.latency
+    rule 11): (60 s, 180 s] is 65, the growth before the reset kept."""
+    import analyzer.latency as latency
+
+    with LakeStore(_cfg(lake, lake["spool"], background=False)) as st:
+        st.write("engine_samples", _engine_counter(_RESET_INSIDE))
+        st.flush()
+        st.maintain(now_ns=180 * 10**9, retention=Retention(raw_s=1e9, rollup_s=1e9))
+        with st.cursor() as cur:
+            got = cur.execute("SELECT minute_ns, n, increase FROM engine_samples_1m ORDER BY 1").fetchall()
+            assert got == [(0, 6, 50.0), (NS_PER_MIN, 6, 55.0), (2 * NS_PER_MIN, 1, 10.0)]
+            inc = latency.counter_increases(
+                cur, 60 * 10**9, 180 * 10**9, ["generation_tokens_total"], rollup=True
+            )
+            assert inc["increase"].to_list() == [65.0]
+
+
+def test_a_schema_5_lake_gets_its_rollup_increases(lake: dict[str, str]) -> None:
+    """A lake whose rollups have no increase (made here by removing it) gets the column on open,
+    filled with the step between each minute's last value and the previous minute's: minute 1's
+    last is 35 after 70 (a reset: 35), minute 2's 45 (+10); a series' first minute has none."""
+    with LakeStore(_cfg(lake, lake["spool"], background=False)) as st:
+        st.write("engine_samples", _engine_counter(_RESET_INSIDE))
+        st.flush()
+        st.maintain(now_ns=180 * 10**9, retention=Retention(raw_s=1e9, rollup_s=1e9))
+        with st.cursor() as cur:
+            for t in ("engine_samples_1m", "histogram_buckets_1m"):
+                cur.execute(f"ALTER TABLE {t} DROP COLUMN increase")
+            cur.execute(f"DELETE FROM ioe_schema WHERE version = {SCHEMA_VERSION}")
+            cur.execute(f"INSERT INTO ioe_schema VALUES ({SCHEMA_VERSION - 1}, 0)")
+    with LakeStore(_cfg(lake, lake["spool"], background=False)) as st:
+        assert st.schema_version() == SCHEMA_VERSION
+        with st.cursor() as cur:
+            got = cur.execute("SELECT minute_ns, increase FROM engine_samples_1m ORDER BY 1").fetchall()
+    assert got == [(0, None), (NS_PER_MIN, 35.0), (2 * NS_PER_MIN, 10.0)]

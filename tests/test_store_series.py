@@ -203,7 +203,8 @@ def test_polars_and_arrow_inputs_take_the_same_path(tmp_path: Path) -> None:
 
 def test_rollups_from_points_equal_the_plain_aggregates_of_the_views(tmp_path: Path) -> None:
     """The rollups aggregate points per series before the join (Store._ROLLUPS); they must give
-    what a plain GROUP BY over the view gives, NULL values and two series per key included."""
+    what a plain GROUP BY over the view gives (the counters' increase: the sum of the points'
+    stored increases), NULL values and two series per key included."""
     store = Store(tmp_path / "s.duckdb")
     t0 = 1000 * NS_PER_MIN
     for i, ts in enumerate((t0 + 1, t0 + 20 * 10**9, t0 + NS_PER_MIN + 5, t0 + NS_PER_MIN + 40 * 10**9)):
@@ -226,9 +227,11 @@ def test_rollups_from_points_equal_the_plain_aggregates_of_the_views(tmp_path: P
         "gpu_samples_1m": f"SELECT {minute}, host, uuid, metric, link, count(*), min(value), max(value), "
         "avg(value), arg_max(value, ts_ns) FROM gpu_samples GROUP BY ALL",
         "engine_samples_1m": f"SELECT {minute}, {engine_id}, count(*), avg(value), max(value), "
-        "arg_max(value, ts_ns), avg(rate_per_s) FROM engine_samples GROUP BY ALL",
-        "histogram_buckets_1m": f"SELECT {minute}, {engine_id}, le, arg_max(cumulative_count, ts_ns) "
-        "FROM histogram_buckets GROUP BY ALL",
+        "arg_max(value, ts_ns), avg(rate_per_s), sum(increase) FROM engine_samples_points "
+        "JOIN engine_samples_series USING (series_id) GROUP BY ALL",
+        "histogram_buckets_1m": f"SELECT {minute}, {engine_id}, le, arg_max(cumulative_count, ts_ns), "
+        "sum(increase) FROM histogram_buckets_points JOIN histogram_buckets_series USING (series_id) "
+        "GROUP BY ALL",
     }
     for rollup, sql in plain.items():
         expected = sorted(store.con.execute(sql).fetchall(), key=repr)
