@@ -95,6 +95,8 @@ from analyzer.latency import (
     HISTOGRAMS,
     NS,
     counter_increases,
+    per_series_means,
+    reads_points,
     rollup_for,
     table_sql,
     window_means,
@@ -338,15 +340,26 @@ def _gpu_means(
 ) -> dict[str, float]:
     if not dep.gpu_uuids:
         return {}
-    gpu = table_sql("gpu_samples", rollup_for(con, start_ns, end_ns))  # latency rule 6 for long windows
-    rows = con.execute(
-        f"""SELECT metric, avg(v), max(v) FROM (
-               SELECT uuid, metric, avg(value) AS v FROM {gpu}
-               WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, uuid)
-                 AND list_contains({TEXTS}, metric)
-               GROUP BY ALL) GROUP BY metric""",
-        [start_ns, end_ns, texts(dep.gpu_uuids), texts(GPU_METRICS)],
-    ).fetchall()
+    rollup = rollup_for(con, start_ns, end_ns)  # latency rule 6 for long windows
+    if reads_points(con, "gpu_samples", rollup):  # the selected GPUs' series, their points summed first
+        rows = con.execute(
+            f"""WITH s AS (SELECT series_id, uuid, metric FROM gpu_samples_series
+                           WHERE list_contains({TEXTS}, uuid) AND list_contains({TEXTS}, metric))
+                SELECT metric, avg(v), max(v) FROM (
+                   SELECT uuid, metric, sum(v) / sum(n) AS v
+                   FROM {per_series_means("gpu_samples")} JOIN s USING (series_id) GROUP BY ALL)
+                GROUP BY metric""",
+            [texts(dep.gpu_uuids), texts(GPU_METRICS), start_ns, end_ns],
+        ).fetchall()
+    else:
+        rows = con.execute(
+            f"""SELECT metric, avg(v), max(v) FROM (
+                   SELECT uuid, metric, avg(value) AS v FROM {table_sql("gpu_samples", rollup)}
+                   WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, uuid)
+                     AND list_contains({TEXTS}, metric)
+                   GROUP BY ALL) GROUP BY metric""",
+            [start_ns, end_ns, texts(dep.gpu_uuids), texts(GPU_METRICS)],
+        ).fetchall()
     out: dict[str, float] = {}
     for metric, mean, top in rows:
         out[str(metric)] = float(mean)
@@ -357,14 +370,26 @@ def _gpu_means(
 def _engine_window(
     con: duckdb.DuckDBPyConnection, keys: list[str], start_ns: int, end_ns: int, th: Thresholds
 ) -> dict[str, float]:
-    gauges = table_sql("engine_gauges", rollup_for(con, start_ns, end_ns))  # latency rule 6
-    rows = con.execute(
-        f"""SELECT concept, sum(v), max(v), count(*) FROM (
-               SELECT {ENGINE_KEY_SQL} AS k, concept, avg(value) AS v FROM {gauges}
-               WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, concept)
-                 AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY concept""",
-        [start_ns, end_ns, texts(GAUGES), texts(keys)],
-    ).fetchall()
+    rollup = rollup_for(con, start_ns, end_ns)  # latency rule 6
+    if reads_points(con, "engine_samples", rollup):  # the selected series, their points summed first
+        rows = con.execute(
+            f"""WITH s AS (SELECT series_id, {ENGINE_KEY_SQL} AS k, concept FROM engine_samples_series
+                           WHERE list_contains({TEXTS}, concept) AND list_contains({TEXTS}, {ENGINE_KEY_SQL}))
+                SELECT concept, sum(v), max(v), count(*) FROM (
+                   SELECT k, concept, sum(v) / sum(n) AS v
+                   FROM {per_series_means("engine_samples")} JOIN s USING (series_id) GROUP BY ALL)
+                GROUP BY concept""",
+            [texts(GAUGES), texts(keys), start_ns, end_ns],
+        ).fetchall()
+    else:
+        gauges = table_sql("engine_gauges", rollup)
+        rows = con.execute(
+            f"""SELECT concept, sum(v), max(v), count(*) FROM (
+                   SELECT {ENGINE_KEY_SQL} AS k, concept, avg(value) AS v FROM {gauges}
+                   WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, concept)
+                     AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY concept""",
+            [start_ns, end_ns, texts(GAUGES), texts(keys)],
+        ).fetchall()
     out: dict[str, float] = {}
     for concept, total, top, n in rows:
         # running/waiting add up over engines; KV usage is a per-engine ratio: mean and max.

@@ -30,7 +30,9 @@ Rules:
     ``after ÷ before − 1``: with a latency change point, ``before`` = up to one window length
     before it within the span of rule 4 and ``after`` = from it to the window end; without one,
     the baseline window against the window. An axis moved when ``|change|`` ≥
-    ``regression_axis_min_change_ratio``.
+    ``regression_axis_min_change_ratio``. The gauge axes (KV, fabric, clocks: sums and counts of
+    samples) take a side that lies on whole bins of the span from those bins, a span of raw rows
+    being read once rather than once more per side.
  6. Each moved axis gets its own change point (rule 4 on its per-bin series over the span of
     rule 4) and ``lead_s`` = latency change point − axis change point (positive: the axis moved
     earlier).
@@ -49,9 +51,9 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from analyzer.deployments import TEXTS, Deployment, has_points, texts
-from analyzer.latency import HISTOGRAMS, NS, binned_quantiles, window_quantiles
-from analyzer.regression_axes import AXES, UNITS, Parts, axis_parts, choose_sources
+from analyzer.deployments import TEXTS, Deployment, texts
+from analyzer.latency import HISTOGRAMS, NS, ROLLUP_AFTER_S, binned_quantiles, reads_points, window_quantiles
+from analyzer.regression_axes import AXES, GAUGE_AXES, UNITS, Parts, axis_parts, choose_sources
 from analyzer.thresholds import Thresholds
 
 METRICS = ("ttft_seconds", "itl_seconds")
@@ -94,10 +96,11 @@ def history_start(con: duckdb.DuckDBPyConnection, dep: Deployment) -> int | None
     sources = sorted({k.split("|", 1)[0] for k in dep.engine_keys})
     where = f"list_contains({TEXTS}, source)"  # by source, not by the composed key: one plain column filter
     sql = f"SELECT min(ts_ns) FROM engine_samples WHERE {where}"
-    if has_points(con, "engine_samples"):  # the series' points alone, not every point joined to its series
-        sql = (
-            "SELECT min(ts_ns) FROM engine_samples_points WHERE series_id IN "
-            f"(SELECT series_id FROM engine_samples_series WHERE {where})"
+    if reads_points(con, "engine_samples"):  # the series' points alone, not every point joined to its series
+        sql = (  # each series' first point, then the sources' series: a hash per point was 2-3x the cost
+            f"WITH s AS (SELECT series_id FROM engine_samples_series WHERE {where}) "
+            "SELECT min(t) FROM (SELECT series_id, min(ts_ns) AS t FROM engine_samples_points"
+            " GROUP BY series_id) JOIN s USING (series_id)"
         )
     row = con.execute(sql, [texts(sources)]).fetchone()
     return int(row[0]) if row and row[0] is not None else None
@@ -202,18 +205,26 @@ def _axes(
     span0, start_ns, end_ns = span
     window = end_ns - start_ns
     before, after = ((max(cp - window, span0), cp), (cp, end_ns)) if cp else (baseline, (start_ns, end_ns))
-    src = choose_sources(con, dep, (before, after), (start_ns, end_ns))
-    grid = axis_parts(con, dep, span0, end_ns, th.bin_s, src)
     bin_ns = max(int(th.bin_s * NS), 1)
+    src = choose_sources(con, dep, (before, after), (start_ns, end_ns), span=(span0, end_ns, th.bin_s))
+    grid = axis_parts(con, dep, span0, end_ns, th.bin_s, src)
     if cp:  # rule 5: both sides are whole bins of the span's grid
         k0, k1 = (before[0] - span0) // bin_ns, (cp - span0) // bin_ns
         sides = {a: (p.value(k0, k1), p.value(k1, len(p.num))) for a, p in grid.items()}
     else:
-        a = axis_parts(con, dep, *before, (before[1] - before[0]) / NS, src)
-        b = axis_parts(con, dep, *after, (after[1] - after[0]) / NS, src)
+        edges = [(t - span0) // bin_ns for t in (*before, *after)]
+        on_grid = end_ns - span0 <= ROLLUP_AFTER_S * NS and all(  # raw rows on both (latency rule 6)
+            span0 <= t <= end_ns and (t - span0) % bin_ns == 0 for t in (*before, *after)
+        )
+        a = axis_parts(con, dep, *before, (before[1] - before[0]) / NS, src, gauges=not on_grid)
+        b = axis_parts(con, dep, *after, (after[1] - after[0]) / NS, src, gauges=not on_grid)
         sides = {
             k: (a[k].value(0, 1) if k in a else None, b[k].value(0, 1) if k in b else None) for k in AXES
         }
+        if on_grid:  # the gauge axes' sums and counts add up over the span's bins
+            sides.update(
+                {k: (grid[k].value(*edges[:2]), grid[k].value(*edges[2:])) for k in GAUGE_AXES if k in grid}
+            )
     starts = span0 + np.arange(max((len(p.num) for p in grid.values()), default=0)) * bin_ns
     return [_axis_row(axis, sides.get(axis, (None, None)), grid.get(axis), starts, cp, th) for axis in AXES]
 

@@ -44,10 +44,11 @@ import polars as pl
 
 from analyzer.collectives import rank_waits
 from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, has_points, texts
-from analyzer.latency import NS, counter_increases, rollup_for, table_sql
+from analyzer.latency import NS, counter_increases, in_shared_reads, rollup_for, table_sql
 from analyzer.planner import span_filter
 
 AXES = ("load", "context_length", "kv_pressure", "fabric_bytes", "clocks", "straggler_share")
+GAUGE_AXES = ("kv_pressure", "fabric_bytes", "clocks")  # sums and counts of samples per bin: additive
 LOAD_COUNTERS = ("request_success_total", "e2e_seconds_count", "ttft_seconds_count")
 MIN_SPANS = 20  # spans on each side before spans are the load and context source
 EPOCH_US_MIN = 1e15  # collective start times below this are trace-relative (no wall time)
@@ -128,14 +129,26 @@ def choose_sources(
     dep: Deployment,
     sides: tuple[tuple[int, int], tuple[int, int]],
     window: tuple[int, int],
+    span: tuple[int, int, float] | None = None,
 ) -> Sources:
-    """The load, context and straggler sources with data on both ``sides`` (module notes)."""
+    """The load, context and straggler sources with data on both ``sides`` (module notes).
+
+    Counters are read only where spans do not serve both axes. ``span`` = ``(lo, hi, bin_s)``:
+    the span whose per-bin counters :func:`axis_parts` reads next; inside one report
+    (:func:`analyzer.latency.shared_reads`) they are read first, so that a side starting where
+    the span does is regrouped from them instead of read again (latency rule 10)."""
     spans, counters = [], []
     for lo, hi in sides:
         rows = _span_rows(con, dep, lo, hi, hi - lo + 1)
         spans.append((sum(r[1] for r in rows), sum(r[3] for r in rows)))
-        got = _counter_rows(con, dep, lo, hi, (hi - lo) / NS, [*LOAD_COUNTERS, *_CONTEXT_COUNTERS])
-        counters.append({c: sum(v.values()) for c, v in got.items()})
+    if not all(a >= MIN_SPANS and b >= MIN_SPANS for a, b in spans):
+        if span is not None and in_shared_reads():
+            _counter_rows(con, dep, *span, list(LOAD_COUNTERS))
+        for lo, hi in sides:
+            got = _counter_rows(con, dep, lo, hi, (hi - lo) / NS, [*LOAD_COUNTERS, *_CONTEXT_COUNTERS])
+            counters.append({c: sum(v.values()) for c, v in got.items()})
+    else:
+        counters = [{}, {}]
     load: str | None = None
     if all(n >= MIN_SPANS for n, _ in spans):
         load = "spans"
@@ -155,13 +168,22 @@ _CONTEXT_COUNTERS = ("request_prompt_tokens_sum", "request_prompt_tokens_count",
 
 
 def axis_parts(
-    con: duckdb.DuckDBPyConnection, dep: Deployment, lo: int, hi: int, bin_s: float, src: Sources
+    con: duckdb.DuckDBPyConnection,
+    dep: Deployment,
+    lo: int,
+    hi: int,
+    bin_s: float,
+    src: Sources,
+    *,
+    gauges: bool = True,
 ) -> dict[str, Parts]:
-    """Every axis with data, per bin of ``(lo, hi]`` (module notes)."""
+    """Every axis with data, per bin of ``(lo, hi]`` (module notes); without the gauge axes
+    (:data:`GAUGE_AXES`) unless ``gauges``."""
     bin_ns, n = _bins(lo, hi, bin_s)
     out: dict[str, Parts] = {}
     out.update(_requests(con, dep, lo, hi, bin_s, bin_ns, n, src))
-    out.update(_gauges(con, dep, lo, hi, bin_ns, n))
+    if gauges:
+        out.update(_gauges(con, dep, lo, hi, bin_ns, n))
     if src.straggler is not None:
         num, den = _dense(_blame_rows(con, src.straggler, lo, hi, bin_ns), n)
         if den.sum() > 0:

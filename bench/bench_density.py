@@ -31,6 +31,9 @@ equal to those written to Prometheus).
 Growth per sample after the first hour (a long-running store's density): run ``--hours 3`` and
 ``--hours 1`` and divide the difference in bytes by the samples of the two extra hours.
 
+The cost of rewriting a closed store without its free blocks (``collector.compaction``):
+``--compaction 1 4 12 48`` times it on stores of those hours (:func:`compaction_cost`).
+
 Run: ``.venv/bin/python -m bench.bench_density [--rounds 3] [--hours 1] [--grid] [--keep DIR]``.
 """
 
@@ -52,8 +55,10 @@ from pathlib import Path
 import duckdb
 
 from bench.bench_sidecar import _BUS, _DEFAULT_FIELDS, _UUIDS
+from collector import compaction
+from collector import store as store_module
 from collector.formats.scrape import ScrapeCache, parse_scrape, replay_scrape
-from collector.store import Store
+from collector.store import STORAGE_VERSION, Store
 
 NS = 1_000_000_000
 GPUS = 8
@@ -227,6 +232,57 @@ def run_sidecar(tmp: Path, seconds: int, jitter: bool) -> tuple[int, int, float]
     return store_bytes(db), gpu_points(db), took
 
 
+def compaction_cost(tmp: Path, hours: list[int], rounds: int) -> None:
+    """Seconds :func:`collector.compaction.compact` takes on stores of ``hours`` hours, under the
+    sidecar's DuckDB settings (1 thread, 32MB), each round on a fresh copy.
+
+    The one-hour store is the sidecar path's, closed without its rewrite (free blocks kept). A
+    longer store repeats that hour's packed points, times and rollups ``hours - 1`` more times,
+    shifted by an hour each (its free blocks stay those of the one hour, as a long-running store
+    keeps about one hour of them)."""
+    limit = store_module.COMPACT_MAX_BYTES
+    store_module.COMPACT_MAX_BYTES = 0  # no rewrite at this close
+    try:
+        run_sidecar(tmp, 3600, True)
+    finally:
+        store_module.COMPACT_MAX_BYTES = limit
+    one = tmp / "sidecar.duckdb"
+    for n in hours:
+        built = tmp / f"hours{n}.duckdb"
+        shutil.copyfile(one, built)
+        if n > 1:
+            con = duckdb.connect(str(built))
+            end = START_S * NS + 3600 * NS
+            for k in range(1, n):
+                ns, tix = k * 3600 * NS, k * 3600
+                for sql in (
+                    f"INSERT INTO gpu_samples_times SELECT tix + {tix}, ts_ns + {ns} "
+                    "FROM gpu_samples_times WHERE tix < 3600",
+                    f"INSERT INTO gpu_samples_packed SELECT series_id, tix + {tix}, value "
+                    "FROM gpu_samples_packed WHERE tix < 3600",
+                    f"INSERT INTO gpu_samples_1m SELECT * REPLACE (minute_ns + {ns} AS minute_ns) "
+                    f"FROM gpu_samples_1m WHERE minute_ns < {end}",
+                ):
+                    con.execute(sql)
+            con.execute("CHECKPOINT")
+            con.close()
+        config = {"threads": 1, "memory_limit": "32MB"}
+        times, size = [], (0, 0)
+        for _ in range(rounds):
+            work = tmp / "work.duckdb"
+            shutil.copyfile(built, work)
+            done = compaction.compact(work, STORAGE_VERSION, config)
+            times.append(done.seconds)
+            size = (done.bytes_before, done.bytes_after)
+            work.unlink()
+        print(
+            f"compaction of {n:3d} h: {size[0]:>12,d} -> {size[1]:>12,d} bytes, median "
+            f"{statistics.median(times):.2f} s ({min(times):.2f}-{max(times):.2f}, {rounds} rounds), "
+            f"load {os.getloadavg()[0]:.2f}"
+        )
+        built.unlink()
+
+
 def run_ingest(tmp: Path, scrape_dir: Path, by_path: bool = False) -> tuple[int, int, float]:
     """Path 2: ``ioe ingest`` of the scrape files in a child process."""
     db = tmp / "ingest.duckdb"
@@ -257,7 +313,15 @@ def main() -> None:
     ap.add_argument("--grid", action="store_true", help="scrapes exactly on the second (no jitter)")
     ap.add_argument("--keep", type=Path, help="keep the last round's stores and blocks here")
     ap.add_argument("--ingest-by-path", action="store_true", help="ingest without --target (series per file)")
+    ap.add_argument("--compaction", type=int, nargs="*", help="time the rewrite of stores of these hours")
     args = ap.parse_args()
+    if args.compaction:
+        tmp = Path(tempfile.mkdtemp(prefix="ioe-density-"))
+        try:
+            compaction_cost(tmp, args.compaction, args.rounds)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     seconds = int(args.hours * 3600)
     clock = "on the second" if args.grid else "with the loop's jitter"
     print(

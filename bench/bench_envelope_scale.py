@@ -15,8 +15,9 @@ collector on, ``--rounds`` rounds alternating the analysis and its peer, medians
 * the peer: a plain scan of the same raw rows (every point of the three raw tables in the
   window and its 120 s look-back), and the 1 s budget;
 * the deployment listing (``list_deployments`` as ``/api/v1/deployments`` calls it);
-* with ``--lag``, the same report reading increases with ``lag()`` over the points (the statement
-  before the points kept their increase, ``collector.increases``), alternating in the same rounds.
+* with ``--lag``, the same report reading increases with ``lag()`` over the points and the
+  rollups (the statements before the points and the rollups kept their increase,
+  ``collector.increases``, ``analyzer.latency`` rule 11), alternating in the same rounds.
 
 The stores are deleted at the end unless ``--keep``.
 """
@@ -87,15 +88,17 @@ def timed(fn: Callable[[], Any]) -> float:
 
 
 def lagged(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` run with the increases read by ``lag()`` over the points (``--lag``)."""
+    """``fn`` run with the increases read by ``lag()`` over the points and over the per-minute
+    rollups (``--lag``)."""
 
     def run() -> Any:
-        stored = latency._stored_increases
+        stored, sums = latency._stored_increases, latency._rollup_sums
         latency._stored_increases = lambda *a: False  # type: ignore[assignment]
+        latency._rollup_sums = lambda *a: False  # type: ignore[assignment]
         try:
             return fn()
         finally:
-            latency._stored_increases = stored
+            latency._stored_increases, latency._rollup_sums = stored, sums
 
     return run
 

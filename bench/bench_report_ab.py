@@ -1,10 +1,11 @@
 """The front door (``deployment_report``) on one store, this checkout against another, alternating.
 
 Each round runs one child process per checkout (``PYTHONPATH``), this one and ``--peer`` in
-turn: it opens the store read-only (as ``ioe serve`` does), runs the report once to warm up,
-then times ``--repeat`` reports, garbage collector on, and prints them. Medians over every
-timed report of each checkout, with the range. Both read the same file: a store written by
-this checkout can be read by an older one when the schema change is only added columns.
+turn: it opens the store read-only (as ``ioe serve`` does), times the report once on the fresh
+connection (the warm-up), then times ``--repeat`` reports on it, now open, garbage collector on,
+and prints them. Medians over the rounds of each checkout, fresh and open, with the range. Both
+read the same file: a store written by this checkout can be read by an older one when the schema
+change is only added columns.
 
 Run: ``.venv/bin/python -m bench.bench_report_ab --peer /work/main --store FILE --hours 1
 [--window 900] [--rounds 3] [--repeat 1]``.
@@ -25,7 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 
 
-def child(store: str, hours: float, window_s: int, repeat: int) -> list[float]:
+def child(store: str, hours: float, window_s: int, repeat: int) -> tuple[float, list[float]]:
     from analyzer.deployments import list_deployments
     from analyzer.report import deployment_report
     from analyzer.thresholds import Thresholds
@@ -38,13 +39,15 @@ def child(store: str, hours: float, window_s: int, repeat: int) -> list[float]:
     start = end - window_s * NS
     dep = list_deployments(con, end - 900 * NS)[0]
     th = Thresholds()
+    t = time.perf_counter()
     deployment_report(con, dep, start, end, th)
+    fresh = time.perf_counter() - t
     took = []
     for _ in range(repeat):
         t = time.perf_counter()
         deployment_report(con, dep, start, end, th)
         took.append(time.perf_counter() - t)
-    return took
+    return fresh, took
 
 
 def main() -> None:
@@ -61,6 +64,7 @@ def main() -> None:
         print(json.dumps(child(args.store, args.hours, args.window, args.repeat)))
         return
     got: dict[str, list[float]] = {"this": [], "peer": []}
+    fresh: dict[str, list[float]] = {"this": [], "peer": []}
     load = [os.getloadavg()]
     for _ in range(args.rounds):
         for label, root in (("peer", args.peer), ("this", HERE)):
@@ -69,13 +73,17 @@ def main() -> None:
                    "--repeat", str(args.repeat)]  # fmt: skip
             env = {**os.environ, "PYTHONPATH": str(root)}
             out = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, check=True)
-            got[label] += json.loads(out.stdout.strip().splitlines()[-1])
-            print(label, [round(x, 3) for x in got[label]], flush=True)
+            first, took = json.loads(out.stdout.strip().splitlines()[-1])
+            fresh[label].append(first)
+            got[label] += took
+            print(label, "fresh", round(first, 3), "open", [round(x, 3) for x in took], flush=True)
     load.append(os.getloadavg())
-    med = {k: statistics.median(v) for k, v in got.items()}
-    for k, v in got.items():
-        print(f"{k}: median {med[k]:.3f} s ({min(v):.3f}-{max(v):.3f}), n={len(v)}")
-    print(f"peer / this: {med['peer'] / med['this']:.2f}x; load average before {load[0]}, after {load[1]}")
+    for kind, times in (("fresh", fresh), ("open", got)):
+        med = {k: statistics.median(v) for k, v in times.items()}
+        for k, v in times.items():
+            print(f"{kind} {k}: median {med[k]:.3f} s ({min(v):.3f}-{max(v):.3f}), n={len(v)}")
+        print(f"{kind} peer / this: {med['peer'] / med['this']:.2f}x")
+    print(f"load average before {load[0]}, after {load[1]}")
 
 
 if __name__ == "__main__":

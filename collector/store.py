@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 
-from collector import increases, series
+from collector import compaction, increases, series, state
 from collector.batch import Batch, as_polars, run_on_stream
 from collector.records import INCREASE, REPLACE_TABLES, TABLES, Table, points_name, series_name
 
@@ -58,6 +58,18 @@ NS_PER_MIN = 60_000_000_000
 # the points tables now have 14 columns in all. An existing file keeps the block size it was
 # created with.
 BLOCK_SIZE = 256 * 1024
+# Storage format of a new store file (an ATTACH option, like BLOCK_SIZE). DuckDB 1.5.5 still
+# writes its v1.0.0 format unless told otherwise, whose table metadata costs ~3 KiB a column, empty
+# or not: the store's ~290 columns took 177 metadata pages of 4 KiB, three 256 KiB blocks, in an
+# empty file (0.98 bytes a sample of an hour of 8 GPUs). From v1.2.0 on, the same catalog takes
+# 15 pages, one block, and the data compresses the same (bench/results/density.md). A v1.2.0 file
+# opens in DuckDB 1.2 and later; a file made before keeps its format until it is rewritten
+# (collector.compaction).
+STORAGE_VERSION = "v1.2.0"
+# When a closed file is rewritten without its free blocks (Store._worth_rewriting): at least this
+# share of its blocks free, and the file at most this large (the measured cost is there).
+COMPACT_FREE_SHARE = 0.25
+COMPACT_MAX_BYTES = 32 << 20
 # How long after a time slice ends its points are packed (collector.series rule 5): samples of
 # a slice that arrive later are packed again with it, at the next pass.
 PACK_GRACE_NS = 2 * NS_PER_MIN
@@ -210,6 +222,8 @@ class Store(RowCounts):
             if isinstance(exc, StoreError):
                 raise
             raise StoreError(f"store {self.path}: cannot open ({_first_line(exc)})") from exc
+        if self._use:
+            compaction.remove_leftover(self.path)  # the write lock is ours: no rewrite is running
         self.lock_down()
         # what the writer keeps in memory is read again from the file (a reopen may follow a
         # commit that failed)
@@ -251,10 +265,11 @@ class Store(RowCounts):
             self._open()
 
     def _attach(self, config: dict[str, Any]) -> duckdb.DuckDBPyConnection:
-        """A writable file store, attached (with :data:`BLOCK_SIZE` when the file is new) and made
-        the connection's default catalog."""
+        """A writable file store, attached (with :data:`BLOCK_SIZE` and :data:`STORAGE_VERSION` when
+        the file is new) and made the connection's default catalog."""
         config = {**config, "temp_directory": self.path + ".tmp"}  # DuckDB's own default for a file
-        options = "" if Path(self.path).exists() else f" (BLOCK_SIZE {BLOCK_SIZE})"
+        new = f" (BLOCK_SIZE {BLOCK_SIZE}, STORAGE_VERSION {_text(STORAGE_VERSION)})"
+        options = "" if Path(self.path).exists() else new
         con = duckdb.connect(":memory:", config=config)
         try:
             con.execute(f"ATTACH {_text(self.path)} AS {ATTACHED}{options}")
@@ -305,8 +320,7 @@ class Store(RowCounts):
                     f"store {self.path}: schema version {current} is newer than this IOE ({SCHEMA_VERSION})"
                 )
             self.con.execute("CREATE TABLE IF NOT EXISTS ioe_schema (version INTEGER, applied_ns BIGINT)")
-            # no index: a few rows, each replaced by _set_state (an index took three 256 KiB blocks)
-            self.con.execute("CREATE TABLE IF NOT EXISTS ioe_state (key VARCHAR NOT NULL, value BIGINT)")
+            state.ensure(self.con)  # one row: no data block (collector.state rule 1)
             if current == 0:
                 self._layout()
                 self._stamp(SCHEMA_VERSION)
@@ -596,9 +610,11 @@ class Store(RowCounts):
            from the first minute with a raw point in that span up to the current minute are
            deleted by a plain ``minute_ns`` range and inserted again from the raw points, in
            one transaction. Minutes before that first raw point are left alone, so a minute
-           whose raw points retention deleted keeps its rollup; retention deletes whole old
-           minutes only, so no minute inside the range lost its points while one before it
-           kept them.
+           whose raw points retention deleted keeps its rollup; retention deletes the oldest
+           points first, so no minute after the first raw point lost its points (as the old
+           ``IN (SELECT DISTINCT minute …)`` delete, a minute that retention cut in part is
+           rolled up again from what is left, which only a raw retention under the two
+           recomputed minutes could reach).
         2. A counter rollup (``engine_samples_1m``, ``histogram_buckets_1m``) keeps the minute's
            ``increase``: the sum of its points' stored increases (collector.increases rule 1),
            so the first point's step from the previous minute counts and a reset inside the
@@ -694,16 +710,10 @@ class Store(RowCounts):
         return int(got[0]) if got else 0
 
     def _state(self, key: str) -> int:
-        row = self.con.execute(f"SELECT value FROM ioe_state WHERE key = {_text(key)}").fetchone()
-        return int(row[0]) if row else 0
+        return state.read(self.con, key)
 
     def _set_state(self, key: str, value: int) -> None:
-        self._transaction(
-            [
-                f"DELETE FROM ioe_state WHERE key = {_text(key)}",
-                f"INSERT INTO ioe_state VALUES ({_text(key)}, {int(value)})",
-            ]
-        )
+        state.write(self.con, key, value)
 
     def checkpoint(self) -> None:
         with self._lock:
@@ -711,15 +721,55 @@ class Store(RowCounts):
 
     def close(self) -> None:
         """Pack the closed slices of a writable store file (an ``ioe ingest`` of past captures
-        runs no maintenance) and close it; a failed packing is logged, the points stay recent."""
+        runs no maintenance), close it, and rewrite it without its free blocks when
+        :meth:`_worth_rewriting` says so (:mod:`collector.compaction`). A failed packing or
+        rewrite is logged: the points stay as written, the file as it was."""
         with self._lock:
+            rewrite = False
             if not self.read_only and self.path != ":memory:":
                 try:
                     self.pack()
                 except duckdb.Error:
                     log.exception("store %s: packing at close failed; the points stay as written", self.path)
+                try:
+                    rewrite = self._worth_rewriting()
+                except duckdb.Error as exc:
+                    log.warning("store %s: checkpoint at close failed (%s); not rewritten", self.path, exc)
             self._writer.close()
             self.con.close()
+            if rewrite:
+                try:
+                    done = compaction.compact(self.path, STORAGE_VERSION, self._config)
+                except compaction.CompactionError as exc:
+                    log.warning("%s; the file keeps its free blocks", exc)
+                else:
+                    log.info(
+                        "store %s: rewritten without its free blocks, %d -> %d bytes in %.2f s",
+                        self.path, done.bytes_before, done.bytes_after, done.seconds,
+                    )  # fmt: skip
+
+    def _worth_rewriting(self) -> bool:
+        """Whether the file is rewritten at close (collector.compaction).
+
+        1. At least :data:`COMPACT_FREE_SHARE` (a quarter) of its blocks are free, and
+        2. it is at most :data:`COMPACT_MAX_BYTES` (32 MiB), so the rewrite stays short.
+
+        Measured (``python -m bench.bench_density --rounds 3 --compaction 1 4 12 48``: the
+        sidecar's hour of 8 GPUs, repeated; 1 thread, 32MB, as the sidecar's store; load 6-8 on
+        2 shared cores): 1 h 7.6 -> 2.6 MB in 0.56 s; 4 h 9.7 -> 7.1 MB in 1.2 s; 12 h 22.3 ->
+        18.4 MB in 4.1 s; 48 h 83 -> 71 MB in 13.8 s, about 6 MB of file a second. A
+        long-running store keeps about one hour of free blocks (reused by the next hour), so the
+        share falls under a quarter after a few hours (12 h: 18 %); the size cap bounds the
+        rewrite at ~6 s on such a machine, within a shutdown's grace period."""
+        self.con.execute("CHECKPOINT")  # blocks the packing freed count as free only after it
+        got = self.con.execute(
+            "SELECT block_size, total_blocks, free_blocks FROM pragma_database_size() "
+            "WHERE database_name = current_database()"
+        ).fetchone()
+        if not got or not got[1]:
+            return False
+        block, total, free = (int(v) for v in got)
+        return free >= COMPACT_FREE_SHARE * total and block * total <= COMPACT_MAX_BYTES
 
     def __enter__(self) -> Store:
         return self

@@ -260,3 +260,55 @@ def _reads(con: Any, kw: dict[str, Any]) -> list[pl.DataFrame]:
         latency.counter_increases(con, concepts=counters, rollup=True, **kw),
         latency.bucket_increases(con, concepts=["ttft_seconds"], rollup=True, **kw),
     ]
+
+
+def test_a_report_regroups_the_minutes_it_has_already_summed(store: Store) -> None:
+    """analyzer.latency rule 10 for rule 11: after 60 s bins of (start, end], the whole window and
+    a shorter one from the same start come from those bins, equal to reading them alone."""
+    start = BASE + 1440 * NS
+    asks = [
+        (BASE + 5400 * NS, 60.0),
+        (BASE + 5400 * NS, None),
+        (BASE + 3600 * NS, None),
+        (BASE + 3600 * NS, 300.0),
+    ]
+    for fn, kw in (
+        (latency.bucket_increases, {"concepts": ["ttft_seconds"]}),
+        (latency.counter_increases, {"concepts": ["generation_tokens_total", "prompt_tokens_total"]}),
+    ):
+        alone = [fn(store.con, start, end, bin_s=b, rollup=True, **kw) for end, b in asks]
+        with latency.shared_reads():
+            shared = [fn(store.con, start, end, bin_s=b, rollup=True, **kw) for end, b in asks]
+        for a, b in zip(alone, shared, strict=True):
+            assert a.height > 0
+            _same(a, b)
+
+
+def test_every_bins_quantiles_at_once_equal_one_bin_at_a_time() -> None:
+    """analyzer.latency.quantiles_from_increases takes every (concept, bin) group at once with
+    numpy; each Quantile must equal :func:`analyzer.latency.quantile_of` on that group alone.
+    Random bucket layouts (with and without +Inf, an +Inf-only one), counts that stall, drop to
+    0, go a hair below 0 (float noise of a corrected sum), rows shuffled, q outside [0, 1]."""
+    rnd = random.Random(5)
+    qs = (0.0, 0.5, 0.9, 0.99, 1.0, 1.5)
+    for trial in range(60):
+        rows = []
+        for concept in ("itl_seconds", "ttft_seconds"):
+            les = sorted(rnd.sample([0.01, 0.05, 0.1, 0.3, 0.5, 1.0, 2.0, 5.0], rnd.randint(1, 6)))
+            les = [math.inf] if trial % 20 == 0 else les + [math.inf] * (rnd.random() < 0.8)
+            for b in range(rnd.randint(1, 20)):
+                c = 0.0
+                for le in les:
+                    c = (
+                        max(0.0, c + rnd.choice([0, 0, 1, 2.5, 7]))
+                        if rnd.random() < 0.9
+                        else rnd.choice([0.0, -1e-12])
+                    )
+                    rows.append({"concept": concept, "bin": b, "le": le, "count": c})
+        inc = pl.DataFrame(rows).sample(fraction=1.0, shuffle=True, seed=trial)
+        got = latency.quantiles_from_increases(inc, qs)
+        for (concept, b), quantiles in got.items():
+            one = inc.filter((pl.col("concept") == concept) & (pl.col("bin") == b)).sort("le")
+            les, counts = one["le"].to_list(), one["count"].to_list()
+            assert quantiles == [latency.quantile_of(concept, les, counts, q) for q in qs]
+        assert len(got) == inc.select("concept", "bin").unique().height

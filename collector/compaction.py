@@ -1,0 +1,136 @@
+"""Rewriting a store file without its free blocks (run by :meth:`collector.store.Store.close`).
+
+DuckDB never shrinks a file: a block freed by a delete stays in it, free, until a later write
+reuses it (only free blocks at the very end are cut off). A store frees many at once when it
+packs an hour: the hour was first written in time order to ``T_recent`` (and checkpointed
+there), then written again packed, and the time-ordered blocks were freed. On an hour of 8 GPUs
+half the file was free blocks (17 of 34 blocks of 256 KiB; ``bench/results/density.md``). A
+long-running store reuses them for the next hour, so it keeps about one hour of them; a store
+that is closed (``ioe ingest``, a stopped sidecar) keeps them for good unless it is rewritten.
+
+Rules:
+
+1. Only a file whose last close left no write-ahead log is rewritten (every committed row is
+   then in the file), and only while no other process has it open: the old file is attached
+   read-only, which holds a lock no writer can take, from before the copy until after the
+   rename.
+2. The copy is DuckDB's own ``COPY FROM DATABASE`` (every table, view and row, in their order)
+   into ``<file>.compact``, with the old file's block size and :data:`collector.store.STORAGE_VERSION`.
+   Before it replaces anything, each table's row count is compared with the old file's, the
+   new file is checkpointed and closed (no ``.wal`` may remain), and its bytes are synced to disk.
+3. The new file replaces the old with one ``rename`` (atomic on POSIX), then the folder is
+   synced. A crash before the rename leaves the old file as it was (and a ``<file>.compact``
+   that the next rewrite deletes first); after it, the new file is complete. No step writes
+   to the old file.
+4. A rewrite that fails (a full disk, a lock held by another process) deletes its partial copy
+   and leaves the old file in place; the caller logs it: the store is only larger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+SUFFIX = ".compact"
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """What a rewrite did: bytes of the file before and after, and the seconds it took."""
+
+    bytes_before: int
+    bytes_after: int
+    seconds: float
+
+
+class CompactionError(RuntimeError):
+    """The file could not be rewritten; the old one is in place, unchanged."""
+
+
+def compact(path: str | Path, storage_version: str, config: dict[str, Any] | None = None) -> Compacted:
+    """Rewrite ``path`` without its free blocks (rules 1-4); raises :class:`CompactionError`.
+
+    ``config``: DuckDB settings of the copying connection (threads, memory_limit)."""
+    path = Path(path)
+    tmp = Path(f"{path}{SUFFIX}")
+    if Path(f"{path}.wal").exists():  # rule 1
+        raise CompactionError(f"store {path}: not rewritten: it has a write-ahead log")
+    before, start = path.stat().st_size, time.perf_counter()
+    settings = {"autoload_known_extensions": False, "autoinstall_known_extensions": False, **(config or {})}
+    settings["temp_directory"] = f"{path}.tmp"
+    con = duckdb.connect(":memory:", config=settings)
+    try:
+        _remove(tmp)  # rule 3: a crash's leftover
+        con.execute(f"ATTACH {_literal(path)} AS old (READ_ONLY)")
+        got = con.execute(
+            "SELECT block_size FROM pragma_database_size() WHERE database_name = 'old'"
+        ).fetchone()
+        block = int(got[0]) if got else 0
+        con.execute(
+            f"ATTACH {_literal(tmp)} AS new (BLOCK_SIZE {block}, STORAGE_VERSION {_literal(storage_version)})"
+        )
+        con.execute("COPY FROM DATABASE old TO new")
+        _check_counts(con, path)
+        con.execute("CHECKPOINT new")
+        con.execute("DETACH new")
+        if Path(f"{tmp}.wal").exists():
+            raise CompactionError(f"store {path}: the rewritten copy kept a write-ahead log")
+        _sync(tmp)
+        os.replace(tmp, path)  # rule 3, while the old file's lock is still held (rule 1)
+        _sync(path.parent)
+    except (duckdb.Error, OSError, CompactionError) as exc:
+        con.close()
+        with contextlib.suppress(OSError):
+            _remove(tmp)
+        if isinstance(exc, CompactionError):
+            raise
+        raise CompactionError(f"store {path}: not rewritten ({_first_line(exc)})") from exc
+    con.close()
+    return Compacted(before, path.stat().st_size, time.perf_counter() - start)
+
+
+def _check_counts(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Rule 2: every table of the copy holds as many rows as the old file's."""
+    tables = con.execute(
+        "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = 'old' ORDER BY ALL"
+    ).fetchall()
+    for schema, table in tables:
+        name = f'"{schema}"."{table}"'
+        old = con.execute(f"SELECT count(*) FROM old.{name}").fetchone()
+        new = con.execute(f"SELECT count(*) FROM new.{name}").fetchone()
+        if old != new:
+            raise CompactionError(f"store {path}: not rewritten: {table} copied {new} rows of {old}")
+
+
+def _sync(path: Path) -> None:
+    """``fsync`` a file or a folder."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_leftover(path: str | Path) -> None:
+    """Rule 3: delete the partial copy a crash left beside ``path`` (call it only while holding
+    the store's write lock: no rewrite of ``path`` can then be running)."""
+    _remove(Path(f"{path}{SUFFIX}"))
+
+
+def _remove(tmp: Path) -> None:
+    for leftover in (tmp, Path(f"{tmp}.wal")):
+        leftover.unlink(missing_ok=True)
+
+
+def _literal(value: str | Path) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -1,0 +1,109 @@
+"""One report, read the fast way and the reference way, gives the same answers.
+
+The fast way is what ``deployment_report`` runs on a store file: stored increases summed in one
+pass over window and look-back (latency rule 9), every histogram of a window read once and
+regrouped (rule 10), window means of gauges summed per series before the deployment's series are
+picked, the regression's gauge axes on both sides taken from the span's bins. The reference is
+the same report through the wide views (``lag()`` over each series' description, each gauge
+read per window: what a DuckLake store runs), and, for the regression's sides, ``axis_parts``
+over each side alone (the statement the report ran before).
+
+Input: the API tests' store (``api_store``: hand-built telemetry of one TP4 × DP2 deployment in
+the KV-capacity zone, a throttled straggler, request spans), its default 15-minute window, and
+the same window 90 s earlier (so the counters' look-back and the previous window do not start
+on a scrape)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from api_store import END_NS, START_NS, build
+
+import analyzer.latency as latency
+import analyzer.regression_axes as axes
+from analyzer.deployments import list_deployments
+from analyzer.regression_axes import GAUGE_AXES, axis_parts, choose_sources
+from analyzer.report import deployment_report
+from analyzer.thresholds import Thresholds
+from collector.store import Store
+
+NS = 1_000_000_000
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[Store]:
+    st = build()
+    yield st
+    st.close()
+
+
+@contextmanager
+def _wide() -> Iterator[None]:
+    """Every raw read through the wide views (the points tables unused)."""
+    points, has = latency._points_of, axes.has_points
+    latency._points_of = lambda *a: False  # type: ignore[assignment]
+    axes.has_points = lambda *a: False  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        latency._points_of, axes.has_points = points, has
+
+
+def _approx(b: Any) -> Any:
+    """``b`` compared up to float summation order (DuckDB adds in parallel, in any order)."""
+    return pytest.approx(b, rel=1e-9, abs=1e-12, nan_ok=True) if isinstance(b, float) else b
+
+
+@pytest.mark.parametrize("shift_s", [0, 90])
+def test_the_report_equals_the_wide_views_report(store: Store, shift_s: int) -> None:
+    start, end = START_NS - shift_s * NS, END_NS - shift_s * NS
+    with store.cursor() as cur:
+        assert latency._stored_increases(cur, "histogram_buckets")  # the fast path is the one tested
+        dep = list_deployments(cur)[0]
+        fast = deployment_report(cur, dep, start, end, Thresholds())
+        with _wide():
+            ref = deployment_report(cur, dep, start, end, Thresholds())
+    f, r = fast["envelope"], ref["envelope"]
+    assert f["primary"] == r["primary"] == "kv_capacity"
+    for key in ("secondary", "label", "ambiguous", "missing", "confidence", "scores"):
+        assert f[key] == r[key], key
+    assert [(e["signal"], e["verdict"]) for e in f["evidence"]] == [
+        (e["signal"], e["verdict"]) for e in r["evidence"]
+    ]
+    for e, g in zip(f["evidence"], r["evidence"], strict=True):
+        assert e["value"] == _approx(g["value"]), e["signal"]
+    assert fast["headroom"] == ref["headroom"]
+    fr, rr = fast["regression"], ref["regression"]
+    assert (fr["baseline_mode_used"], fr["moved_first"], fr["change_point_ns"]) == (
+        rr["baseline_mode_used"], rr["moved_first"], rr["change_point_ns"],
+    )  # fmt: skip
+    for m, n in zip(fr["metrics"], rr["metrics"], strict=True):
+        assert m["verdict"] == n["verdict"] and m["now_s"] is not None
+        assert (m["now_s"], m["baseline_s"]) == (_approx(n["now_s"]), _approx(n["baseline_s"]))
+    for a, b in zip(fr["axes"], rr["axes"], strict=True):
+        assert (a["axis"], a["moved"], a["source"]) == (b["axis"], b["moved"], b["source"])
+        for side in ("before", "after", "change_ratio"):
+            assert a[side] == _approx(b[side]), (a["axis"], side)
+
+
+def test_the_regression_sides_of_the_gauges_equal_each_side_read_alone(store: Store) -> None:
+    """Without a latency change point the sides are the previous window and the window: the
+    span's bins summed over each equal ``axis_parts`` over that side alone."""
+    th = Thresholds()
+    with store.cursor() as cur:
+        dep = list_deployments(cur)[0]
+        got = deployment_report(cur, dep, START_NS, END_NS, th)["regression"]
+        assert got["change_point_ns"] is None and got["baseline_mode_used"] == "previous_window"
+        before, after = (2 * START_NS - END_NS, START_NS), (START_NS, END_NS)
+        src = choose_sources(cur, dep, (before, after), (START_NS, END_NS))
+        alone = [axis_parts(cur, dep, lo, hi, (hi - lo) / NS, src) for lo, hi in (before, after)]
+    rows = {a["axis"]: a for a in got["axes"]}
+    judged = [k for k in GAUGE_AXES if k in alone[1]]
+    assert judged == list(GAUGE_AXES)  # the store has KV usage, NVLink bytes and SM clocks
+    for k in judged:
+        assert rows[k]["after"] == pytest.approx(alone[1][k].value(0, 1), rel=1e-12)
+        want = alone[0][k].value(0, 1) if k in alone[0] else None
+        assert rows[k]["before"] == (want if want is None else pytest.approx(want, rel=1e-12))
