@@ -472,6 +472,31 @@ def _wide_increases(table: str, value: str, described: str, key: str, where: str
         FROM r JOIN k ON {match}"""
 
 
+def _summed_points(
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    described: str,
+    column: str,
+    concepts: Sequence[str],
+    where: str,
+    params: list[Any],
+    window: tuple[int, int, int, int],
+) -> pl.DataFrame:
+    """Rule 9 on ``table``: the stored increases of ``window`` (start, end, bin, look-back
+    start) summed per ``described`` and bin into ``column``. Inside :func:`shared_reads` (rule
+    10) every concept is summed once per window and each caller keeps its own concepts."""
+    start_ns, end_ns, bin_ns, lower = window
+    every = _SHARED.get() is not None
+    args = [*([] if every else [texts(concepts)]), *params]
+    ids = _series_range(con, table, where, args, every)
+    sql = _summed_increases(table, described, where, column, window, ids, every)
+    if not every:
+        return con.execute(sql, args).pl()
+    series = (id(con), table, *params, start_ns, lower)
+    got = _binned(series, start_ns, end_ns, bin_ns, lambda: con.execute(sql, args).pl())
+    return got.filter(pl.col("concept").is_in(list(concepts)))
+
+
 def bucket_increases(
     con: duckdb.DuckDBPyConnection,
     start_ns: int,
@@ -494,16 +519,9 @@ def bucket_increases(
     bin_ns = int(bin_s * NS) if bin_s else max(end_ns - start_ns, 1)
     lower = start_ns - int(lookback_s * NS)
     if _points_of(con, "histogram_buckets", rollup) and _stored_increases(con, "histogram_buckets"):  # rule 9
-        every = _SHARED.get() is not None
-        args = [*([] if every else [texts(concepts)]), *params]
-        ids = _series_range(con, "histogram_buckets", where, args, every)
         window = (start_ns, end_ns, bin_ns, lower)
-        sql = _summed_increases("histogram_buckets", "concept, le", where, "count", window, ids, every)
-        if not every:
-            return con.execute(sql, args).pl()
-        series = (id(con), "histogram_buckets", *params, start_ns, lower)
-        got = _binned(series, start_ns, end_ns, bin_ns, lambda: con.execute(sql, args).pl())
-        return got.filter(pl.col("concept").is_in(list(concepts)))
+        described = "concept, le"
+        return _summed_points(con, "histogram_buckets", described, "count", concepts, where, params, window)
     if rollup and _rollup_sums(con, "histogram_buckets"):  # rule 11
         window = (start_ns, end_ns, lower, bin_ns)
         sql = _summed_minutes("histogram_buckets", "concept, le", where, "count", window)
@@ -680,16 +698,8 @@ def counter_increases(
     bin_ns = int(bin_s * NS) if bin_s else max(end_ns - start_ns, 1)
     lower = start_ns - int(lookback_s * NS)
     if _points_of(con, "engine_samples", rollup) and _stored_increases(con, "engine_samples"):  # rule 9
-        every = _SHARED.get() is not None
-        args = [*([] if every else [texts(concepts)]), *params]
-        ids = _series_range(con, "engine_samples", where, args, every)
         window = (start_ns, end_ns, bin_ns, lower)
-        sql = _summed_increases("engine_samples", "concept", where, "increase", window, ids, every)
-        if not every:
-            return con.execute(sql, args).pl()
-        series = (id(con), "engine_samples", *params, start_ns, lower)
-        got = _binned(series, start_ns, end_ns, bin_ns, lambda: con.execute(sql, args).pl())
-        return got.filter(pl.col("concept").is_in(list(concepts)))
+        return _summed_points(con, "engine_samples", "concept", "increase", concepts, where, params, window)
     if rollup and _rollup_sums(con, "engine_samples"):  # rule 11, every concept at once as rule 9
         every = _SHARED.get() is not None
         window = (start_ns, end_ns, lower, bin_ns)

@@ -19,7 +19,7 @@ from typing import Any
 
 import polars as pl
 import pytest
-from test_stored_increases import BASE, ENGINE, HOUR, NS, _buckets, _counter, _same
+from test_stored_increases import BASE, ENGINE, HOUR, NS, _counter, _same, history
 
 import analyzer.latency as latency
 from collector.records import frame
@@ -36,27 +36,8 @@ def _tokens(k: int) -> float:
 
 
 def _history() -> list[tuple[str, pl.DataFrame]]:
-    rnd = random.Random(11)
-    a = [(k, _tokens(k)) for k in range(0, 5400, 5)]
-    b = [(k, float(3 * k)) for k in range(2400, 5400, 7)]  # starts inside the later windows
-    c = [(0, 5.0), (100, 7.0), (3000, 9.0), (3060, 2.0), (3065, 6.0)]  # a gap, then a reset at 3,060 s
-    h = [(k, float(k // 3 if k < 2640 else (k - 2640) // 2)) for k in range(0, 5400, 10)]  # reset at 2,640 s
-    writes: list[tuple[str, pl.DataFrame]] = []
-    for lo in range(0, 5400, 600):  # forward in time, 10 minutes a write, every third point held back
-        keep = [p for i, p in enumerate(a) if lo <= p[0] < lo + 600 and i % 3]
-        writes.append(("engine_samples", _counter("a", "generation_tokens_total", keep)))
-        writes.append(
-            ("histogram_buckets", _buckets("h", [p for p in h if lo <= p[0] < lo + 600 and p[0] % 40]))
-        )
-    late = [p for i, p in enumerate(a) if not i % 3]
-    rnd.shuffle(late)
-    for i in range(0, len(late), 97):  # the held-back points, late and out of order
-        writes.append(("engine_samples", _counter("a", "generation_tokens_total", late[i : i + 97])))
-    writes.append(("histogram_buckets", _buckets("h", [p for p in h if not p[0] % 40][::-1])))
-    writes.append(("engine_samples", _counter("b", "generation_tokens_total", b[::-1])))  # backwards
-    writes.append(("engine_samples", _counter("c", "prompt_tokens_total", c)))
-    writes.append(("engine_samples", _counter("a", "generation_tokens_total", a[100:300])))  # a replay
-    return writes
+    """ "c" resets at 3,060 s and "h" at 2,640 s: each on a minute boundary."""
+    return history(_tokens, seed=11, c_reset=3060, h_reset=2640)
 
 
 def _write(path: Path, retention: Retention | None = None) -> Store:

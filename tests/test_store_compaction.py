@@ -8,15 +8,11 @@ changes a count or a sum.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import duckdb
 import pytest
+from killing import kill_during
 
 from collector import compaction
 from collector.records import TABLES, batch
@@ -184,18 +180,7 @@ def test_a_kill_during_a_rewrite_keeps_a_whole_store(tmp_path: Path, delay_s: fl
     opening it for writing deletes a partial copy left beside it."""
     path = tmp_path / "s.duckdb"
     before = _store_with_free_blocks(path, hours=2)
-    root = Path(__file__).resolve().parent.parent
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _COMPACTOR, str(path)],
-        cwd=root,
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(root)},
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == b"compacting"
-    time.sleep(delay_s)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
+    kill_during(_COMPACTOR, [str(path)], b"compacting", delay_s)
     with Store(path, read_only=True) as reader, reader.cursor() as cur:
         assert _rows(cur) == before
     with Store(path) as store, store.cursor() as cur:

@@ -8,16 +8,12 @@ changes a count or a sum.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pytest
+from killing import kill_during
 
 from collector import compaction
 from collector.records import TABLES, batch
@@ -263,18 +259,7 @@ def test_a_kill_during_packing_loses_no_point(tmp_path: Path, delay_s: float) ->
             "SELECT count(*), sum(value), sum(ts_ns % 1000003) FROM gpu_samples"
         ).fetchone()
     assert expected is not None and expected[0] == 6 * 200 * 1000
-    root = Path(__file__).resolve().parent.parent
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _PACKER, str(path), str(FUTURE + 2 * HOUR)],
-        cwd=root,
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(root)},
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == b"packing"
-    time.sleep(delay_s)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
+    kill_during(_PACKER, [str(path), str(FUTURE + 2 * HOUR)], b"packing", delay_s)
     with Store(path, read_only=True) as reader:
         got = reader.con.execute(
             "SELECT count(*), sum(value), sum(ts_ns % 1000003) FROM gpu_samples"

@@ -66,13 +66,17 @@ def _tokens(k: int) -> float | None:
     return float(10 * (k % 1500 if k < 4000 else k - 4000))
 
 
-def _history() -> list[tuple[str, pl.DataFrame]]:
-    """The writes, in the order a sidecar, a late source and a backfill would make them."""
-    rnd = random.Random(7)
-    a = [(k, _tokens(k)) for k in range(0, 5400, 5)]
+def history(
+    tokens: Callable[[int], float | None], *, seed: int, c_reset: int, h_reset: int
+) -> list[tuple[str, pl.DataFrame]]:
+    """The writes, in the order a sidecar, a late source and a backfill would make them: series
+    "a" (``tokens``) held back and written late, "b" backwards from inside the windows, "c" with a
+    gap then a reset at ``c_reset`` s, the histogram "h" reset at ``h_reset`` s, and a replay."""
+    rnd = random.Random(seed)
+    a = [(k, tokens(k)) for k in range(0, 5400, 5)]
     b = [(k, float(3 * k)) for k in range(2400, 5400, 7)]  # starts inside the later windows
-    c = [(0, 5.0), (100, 7.0), (3000, 9.0), (3005, 2.0), (3010, 6.0)]  # a gap longer than the look-back
-    h = [(k, float(k // 3 if k < 2600 else (k - 2600) // 2)) for k in range(0, 5400, 10)]
+    c = [(0, 5.0), (100, 7.0), (3000, 9.0), (c_reset, 2.0), (c_reset + 5, 6.0)]
+    h = [(k, float(k // 3 if k < h_reset else (k - h_reset) // 2)) for k in range(0, 5400, 10)]
     writes: list[tuple[str, pl.DataFrame]] = []
     for lo in range(0, 5400, 600):  # forward in time, 10 minutes a write, every third point held back
         keep = [p for i, p in enumerate(a) if lo <= p[0] < lo + 600 and i % 3]
@@ -89,6 +93,11 @@ def _history() -> list[tuple[str, pl.DataFrame]]:
     writes.append(("engine_samples", _counter("c", "prompt_tokens_total", c)))
     writes.append(("engine_samples", _counter("a", "generation_tokens_total", a[100:300])))  # a replay
     return writes
+
+
+def _history() -> list[tuple[str, pl.DataFrame]]:
+    """ "c" has a gap longer than the look-back before its reset."""
+    return history(_tokens, seed=7, c_reset=3005, h_reset=2600)
 
 
 @pytest.fixture(scope="module", params=["scrapes", "rows", "numpy"])
