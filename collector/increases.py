@@ -66,6 +66,17 @@ STEP_SQL = (
 )
 
 
+def steps_sql(relation: str, columns: str, value: str, time: str, key: str, where: str = "") -> str:
+    """``SELECT columns, c, prev, prev_ts, inc`` over ``relation`` (filtered by ``where``): each
+    row's value ``c`` = ``value``, the previous row of its series (``PARTITION BY key ORDER BY
+    time``) and ``inc``, its step by rule 1 (:data:`STEP_SQL`, NULL for a series' first row)."""
+    return (
+        f"SELECT *, {STEP_SQL} AS inc FROM (SELECT {columns}, {value} AS c, lag({value}) OVER w AS prev, "
+        f"lag({time}) OVER w AS prev_ts FROM {relation}{f' WHERE {where}' if where else ''} "
+        f"WINDOW w AS (PARTITION BY {key} ORDER BY {time}))"
+    )
+
+
 def step(c: Any, prev: Any) -> Any:
     """Rule 1 for a point of value ``c`` whose previous point holds ``prev``."""
     if prev is None:
@@ -313,10 +324,9 @@ def _apply_statements(spec: Table) -> list[str]:
 def fill_statements(spec: Table) -> list[str]:
     """Rule 6: the step of every stored point (run in the transaction that added the column)."""
     c = spec.counter
+    steps = steps_sql(points_name(spec.name), "series_id, ts_ns", c, "ts_ns", "series_id")
     return [
-        f"CREATE OR REPLACE TEMP TABLE _fix AS SELECT series_id, ts_ns, {STEP_SQL} AS inc FROM ("
-        f"SELECT series_id, ts_ns, {c} AS c, lag({c}) OVER w AS prev, lag(ts_ns) OVER w AS prev_ts "
-        f"FROM {points_name(spec.name)} WINDOW w AS (PARTITION BY series_id ORDER BY ts_ns))",
+        f"CREATE OR REPLACE TEMP TABLE _fix AS SELECT series_id, ts_ns, inc FROM ({steps})",
         *_apply_statements(spec),
     ]
 

@@ -64,7 +64,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collector.batch import Batch, as_polars
-from collector.increases import STEP_SQL
+from collector.increases import steps_sql
 from collector.lake_spool import Spool
 from collector.records import REPLACE_TABLES, TABLES, Table
 from collector.store import MIGRATIONS, NS_PER_MIN, SCHEMA_VERSION, Retention, RowCounts, Store, StoreError
@@ -530,11 +530,7 @@ def _stepped(raw: str, value: str) -> str:
     key = ", ".join(c for c in TABLES[raw].key if c != "ts_ns")
     lo = f"(SELECT min(minute_ns) FROM _dirty) - {STEP_LOOKBACK_NS}"
     hi = f"(SELECT max(minute_ns) FROM _dirty) + {NS_PER_MIN}"
-    return (
-        f"(SELECT *, {STEP_SQL} AS inc FROM (SELECT *, {value} AS c, lag({value}) OVER w AS prev, "
-        f"lag(ts_ns) OVER w AS prev_ts FROM {raw} WHERE ts_ns >= {lo} AND ts_ns < {hi} "
-        f"WINDOW w AS (PARTITION BY {key} ORDER BY ts_ns))) AS {raw}"
-    )
+    return f"({steps_sql(raw, '*', value, 'ts_ns', key, where=f'ts_ns >= {lo} AND ts_ns < {hi}')}) AS {raw}"
 
 
 _ROLLUP_SELECT: dict[str, tuple[str, str]] = {

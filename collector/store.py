@@ -99,13 +99,10 @@ def _increase_column(rollup: str) -> list[str]:
     key = [c for c in spec.key if c != "minute_ns"]
     match = " AND ".join(f"t.{c} IS NOT DISTINCT FROM s.{c}" for c in key)
     cols = ", ".join(key)
+    steps = increases.steps_sql(rollup, f"minute_ns, {cols}", value, "minute_ns", cols)
     return [
         f"ALTER TABLE {rollup} ADD COLUMN IF NOT EXISTS {INCREASE} DOUBLE",
-        f"""UPDATE {rollup} AS t SET {INCREASE} = s.inc
-            FROM (SELECT minute_ns, {cols}, {increases.STEP_SQL} AS inc
-                  FROM (SELECT minute_ns, {cols}, {value} AS c, lag({value}) OVER w AS prev,
-                               lag(minute_ns) OVER w AS prev_ts
-                        FROM {rollup} WINDOW w AS (PARTITION BY {cols} ORDER BY minute_ns))) AS s
+        f"""UPDATE {rollup} AS t SET {INCREASE} = s.inc FROM ({steps}) AS s
             WHERE t.minute_ns = s.minute_ns AND {match}""",
     ]
 
