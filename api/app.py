@@ -52,10 +52,11 @@ from api.auth import AuthGate
 from api.auth import router as auth_router
 from api.cache import TTLCache
 from api.fastpath import SnapshotFastPath
-from api.faults import RETRY_AFTER_S, StoreFaults, first_line
+from api.faults import RETRY_AFTER_S, StoreFaults
 from api.limits import Admission, BodyLimit, InFlight, ShedCounter
 from api.refresher import Refresher
 from api.verdicts import VerdictCollector
+from collector.errors import first_line
 from collector.sink import Sink
 from collector.store import Store, StoreError
 from ioeconf.settings import Settings

@@ -26,6 +26,7 @@ from typing import Any
 
 import duckdb
 
+from collector.errors import first_line
 from collector.store import StoreError
 
 log = logging.getLogger(__name__)
@@ -36,11 +37,6 @@ CHECK_EVERY_S = 5.0
 PROBE_TIMEOUT_S = 2.0
 MAX_PROBES = 2
 _WRITE_FAILED = ("could not write", "no space left", "disk full", "i/o error", "input/output error")
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # Errors of the request itself (its SQL, its values, a refused permission, a cancel): never store

@@ -38,8 +38,7 @@ from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from api.auth import token_problem
-from api.faults import first_line
-from collector.errors import ParseError
+from collector.errors import ParseError, first_line
 from collector.formats.otlp_spans import SpanRows, decode_json, decode_protobuf, request_rows
 from collector.sink import Overloaded, Sink
 from collector.sources.otlp_grpc import write_rows

@@ -37,6 +37,8 @@ from typing import Any
 
 import duckdb
 
+from collector.errors import first_line
+
 SUFFIX = ".compact"
 
 
@@ -90,7 +92,7 @@ def compact(path: str | Path, storage_version: str, config: dict[str, Any] | Non
             _remove(tmp)
         if isinstance(exc, CompactionError):
             raise
-        raise CompactionError(f"store {path}: not rewritten ({_first_line(exc)})") from exc
+        raise CompactionError(f"store {path}: not rewritten ({first_line(exc)})") from exc
     con.close()
     return Compacted(before, path.stat().st_size, time.perf_counter() - start)
 
@@ -130,7 +132,3 @@ def _remove(tmp: Path) -> None:
 
 def _literal(value: str | Path) -> str:
     return "'" + str(value).replace("'", "''") + "'"
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -20,6 +20,12 @@ def quote(text: str | bytes, limit: int = _QUOTE_MAX) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its type's name when it has none), for a one-line error."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 @dataclass(frozen=True)
 class Problem:
     """One refused piece of input: where (``line 12``, ``span 3``) and why."""

@@ -39,6 +39,7 @@ import duckdb
 
 from collector import compaction, increases, series, state
 from collector.batch import Batch, as_polars, run_on_stream
+from collector.errors import first_line
 from collector.records import INCREASE, REPLACE_TABLES, TABLES, Table, points_name, series_name
 
 if TYPE_CHECKING:
@@ -209,7 +210,7 @@ class Store(RowCounts):
             else:
                 self.con = duckdb.connect(self.path, read_only=self.read_only, config=self._config)
         except duckdb.Error as exc:
-            raise StoreError(f"store {self.path}: cannot open ({_first_line(exc)})") from exc
+            raise StoreError(f"store {self.path}: cannot open ({first_line(exc)})") from exc
         try:
             self._check_size()
             if not self.read_only:
@@ -218,7 +219,7 @@ class Store(RowCounts):
             self.con.close()
             if isinstance(exc, StoreError):
                 raise
-            raise StoreError(f"store {self.path}: cannot open ({_first_line(exc)})") from exc
+            raise StoreError(f"store {self.path}: cannot open ({first_line(exc)})") from exc
         if self._use:
             compaction.remove_leftover(self.path)  # the write lock is ours: no rewrite is running
         self.lock_down()
@@ -773,10 +774,6 @@ class Store(RowCounts):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def _text(value: str) -> str:
