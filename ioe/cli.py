@@ -22,7 +22,6 @@ Help is plain text (click's layout, no rich panels). ``-h`` is ``--help`` everyw
 from __future__ import annotations
 
 import importlib
-import logging
 import pkgutil
 import sys
 from typing import TYPE_CHECKING, Any
@@ -32,7 +31,7 @@ from typer.core import TyperGroup
 
 import ioe.commands
 from ioe.commands._index import COMMANDS
-from ioe.entry import OPTIONS, ROOT_HELP
+from ioe.entry import OPTIONS, ROOT_HELP, configure_logging
 
 if TYPE_CHECKING:
     from typer._click import Context, HelpFormatter  # typer's own click (typer 0.2x vendors it)
@@ -139,11 +138,7 @@ def __getattr__(name: str) -> Any:
 
 
 def main() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    for noisy in ("httpx", "httpcore", "uvicorn.access"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure_logging()
     _for_argv(sys.argv)()
 
 

@@ -68,6 +68,18 @@ def root_help(prog: str, width: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def configure_logging() -> None:
+    """Every command's log set-up: INFO and up on stderr, HTTP clients' and uvicorn's access
+    lines at WARNING."""
+    import logging
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    for noisy in ("httpx", "httpcore", "uvicorn.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 def main() -> None:
     args = sys.argv[1:]
     if args in ([], ["--help"], ["-h"]):

@@ -26,6 +26,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, cast
 
+from ioe.entry import configure_logging
+
 if TYPE_CHECKING:
     from collector.agent import Frontend
     from ioe.settings import Settings
@@ -71,7 +73,7 @@ def main(args: list[str]) -> None:
 
         typer_main()
         return
-    _logging()
+    configure_logging()
     from ioeconf.plain import PlainSettings, SettingsError, validated
 
     config = given.pop("config", None)
@@ -89,17 +91,6 @@ def main(args: list[str]) -> None:
         if "duckdb" not in sys.modules:  # not imported yet: this process's first DuckDB
             os.environ.setdefault("DUCKDB_JE_MALLOC_CONF", COLLECTOR_JEMALLOC)
     _exits(lambda: run(settings))
-
-
-def _logging() -> None:
-    import logging
-
-    # the same set-up as ioe.cli.main
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    for noisy in ("httpx", "httpcore", "uvicorn.access"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _exits(work: Any) -> Any:
