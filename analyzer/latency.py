@@ -389,7 +389,7 @@ def _summed_minutes(
     every_concept: bool = False,
 ) -> str:
     """Rule 11's statement: ``[described..., bin, name]`` summed from the rollup's minute increases
-    over ``window`` (start, end, look-back lower bound, bin width, in ns).
+    over ``window`` (start, end, bin width, look-back lower bound, in ns: as rule 9's).
 
     ``r``: the rollup rows of the read range, each stamped at its minute's end. ``b``: the
     window's sums per ``described`` and bin, one hash aggregate. ``f``: each series' first row
@@ -401,7 +401,7 @@ def _summed_minutes(
     statement here.
 
     Parameters in order: the ``where`` filter's (concepts unless ``every_concept``, keys)."""
-    start, end, lower, bin_ns = (int(x) for x in window)
+    start, end, bin_ns, lower = (int(x) for x in window)
     concept = "true" if every_concept else f"list_contains({TEXTS}, concept)"
     key = f"{_WIDE_KEY}, model, le" if table == "histogram_buckets" else f"{_WIDE_KEY}, model"
     cols = described.split(", ")
@@ -486,7 +486,7 @@ def _summed_points(
     start) summed per ``described`` and bin into ``column``. Inside :func:`shared_reads` (rule
     10) every concept is summed once per window and each caller keeps its own concepts."""
     start_ns, end_ns, bin_ns, lower = window
-    every = _SHARED.get() is not None
+    every = in_shared_reads()
     args = [*([] if every else [texts(concepts)]), *params]
     ids = _series_range(con, table, where, args, every)
     sql = _summed_increases(table, described, where, column, window, ids, every)
@@ -523,7 +523,7 @@ def bucket_increases(
         described = "concept, le"
         return _summed_points(con, "histogram_buckets", described, "count", concepts, where, params, window)
     if rollup and _rollup_sums(con, "histogram_buckets"):  # rule 11
-        window = (start_ns, end_ns, lower, bin_ns)
+        window = (start_ns, end_ns, bin_ns, lower)
         sql = _summed_minutes("histogram_buckets", "concept, le", where, "count", window)
         args = [texts(concepts), *params]
         series = (id(con), "histogram_buckets_1m", texts(concepts), *params, start_ns, lower)
@@ -701,8 +701,8 @@ def counter_increases(
         window = (start_ns, end_ns, bin_ns, lower)
         return _summed_points(con, "engine_samples", "concept", "increase", concepts, where, params, window)
     if rollup and _rollup_sums(con, "engine_samples"):  # rule 11, every concept at once as rule 9
-        every = _SHARED.get() is not None
-        window = (start_ns, end_ns, lower, bin_ns)
+        every = in_shared_reads()
+        window = (start_ns, end_ns, bin_ns, lower)
         sql = _summed_minutes("engine_samples", "concept", where, "increase", window, every_concept=every)
         args = [*([] if every else [texts(concepts)]), *params]
         if not every:
