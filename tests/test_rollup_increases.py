@@ -19,7 +19,7 @@ from typing import Any
 
 import polars as pl
 import pytest
-from test_stored_increases import BASE, ENGINE, HOUR, NS, _counter, _same, history
+from test_stored_increases import BASE, ENGINE, HOUR, NS, _counter, _same, assert_regrouped, history
 
 import analyzer.latency as latency
 from collector.records import frame
@@ -253,16 +253,7 @@ def test_a_report_regroups_the_minutes_it_has_already_summed(store: Store) -> No
         (BASE + 3600 * NS, None),
         (BASE + 3600 * NS, 300.0),
     ]
-    for fn, kw in (
-        (latency.bucket_increases, {"concepts": ["ttft_seconds"]}),
-        (latency.counter_increases, {"concepts": ["generation_tokens_total", "prompt_tokens_total"]}),
-    ):
-        alone = [fn(store.con, start, end, bin_s=b, rollup=True, **kw) for end, b in asks]
-        with latency.shared_reads():
-            shared = [fn(store.con, start, end, bin_s=b, rollup=True, **kw) for end, b in asks]
-        for a, b in zip(alone, shared, strict=True):
-            assert a.height > 0
-            _same(a, b)
+    assert_regrouped(store, start, asks, rollup=True)
 
 
 def test_every_bins_quantiles_at_once_equal_one_bin_at_a_time() -> None:

@@ -355,13 +355,20 @@ def test_a_report_regroups_finer_bins_it_has_already_summed(store: Store) -> Non
         (start + 600 * NS, None),
         (start + 600 * NS, 120.0),
     ]
-    for fn, kw in (
+    assert_regrouped(store, start, asks)
+
+
+def assert_regrouped(store: Store, start: int, asks: list[tuple[int, float | None]], **kw: Any) -> None:
+    """Each ``(end, bin_s)`` window from ``start``, read one after another inside one report
+    (latency rule 8), equals the same window read alone, for buckets and counters (``kw``: the
+    readers' other arguments)."""
+    for fn, concepts in (
         (latency.bucket_increases, {"concepts": ["ttft_seconds"]}),
         (latency.counter_increases, {"concepts": ["generation_tokens_total", "prompt_tokens_total"]}),
     ):
-        alone = [fn(store.con, start, end, bin_s=b, **kw) for end, b in asks]
+        alone = [fn(store.con, start, end, bin_s=b, **concepts, **kw) for end, b in asks]
         with latency.shared_reads():
-            shared = [fn(store.con, start, end, bin_s=b, **kw) for end, b in asks]
+            shared = [fn(store.con, start, end, bin_s=b, **concepts, **kw) for end, b in asks]
         for a, b in zip(alone, shared, strict=True):
             assert a.height > 0
             _same(a, b)
