@@ -346,7 +346,7 @@ def _summed_increases(
         WITH ser AS (
             SELECT series_id, {described} FROM {table}_series WHERE {concept}{where}
         ), p AS MATERIALIZED (
-            SELECT series_id, bin, sum(increase) AS inc FROM {points} GROUP BY ALL
+            SELECT series_id, bin, sum(increase) AS inc FROM {points} GROUP BY series_id, bin
         ), fresh AS (
             SELECT series_id FROM ser
             ANTI JOIN (SELECT series_id FROM p GROUP BY series_id HAVING min(bin) < 0) USING (series_id)

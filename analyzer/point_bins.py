@@ -16,20 +16,25 @@ from __future__ import annotations
 from collector.series import packed_name, recent_name, times_name
 
 
-def binned_points(table: str, values: str, lower: int, upper: int, bin_of: str, ids: tuple[int, int]) -> str:
-    """A subquery: the points of ``table`` with ``lower < ts_ns <= upper`` and ``series_id``
-    between ``ids`` (inclusive), as rows ``series_id, bin, values...``.
+def binned_points(
+    table: str, values: str, lower: int, upper: int, bin_of: str, ids: tuple[int, int] | None = None
+) -> str:
+    """A subquery: the points of ``table`` with ``lower < ts_ns <= upper`` (and ``series_id``
+    between ``ids``, inclusive, where given), as rows ``series_id, bin, ts_ns, values...``.
 
     ``values``: the value columns, comma-separated; ``bin_of``: an SQL expression of ``ts_ns``
     alone (literals only); ``lower``, ``upper`` and ``ids`` are written as literals."""
-    lo, hi = (int(x) for x in ids)
     cols = ", ".join(f"k.{c.strip()}" for c in values.split(","))
     window = f"ts_ns > {int(lower)} AND ts_ns <= {int(upper)}"
+    recent = packed = ""
+    if ids:
+        lo, hi = (int(x) for x in ids)
+        recent, packed = f" AND series_id BETWEEN {lo} AND {hi}", f" WHERE k.series_id BETWEEN {lo} AND {hi}"
     return f"""(
-            SELECT series_id, {bin_of} AS bin, {values} FROM {recent_name(table)}
-            WHERE {window} AND series_id BETWEEN {lo} AND {hi}
+            SELECT series_id, {bin_of} AS bin, ts_ns, {values} FROM {recent_name(table)}
+            WHERE {window}{recent}
             UNION ALL
-            SELECT k.series_id, t.bin, {cols} FROM {packed_name(table)} AS k
-            JOIN (SELECT tix, {bin_of} AS bin FROM {times_name(table)} WHERE {window}) AS t USING (tix)
-            WHERE k.series_id BETWEEN {lo} AND {hi}
+            SELECT k.series_id, t.bin, t.ts_ns, {cols} FROM {packed_name(table)} AS k
+            JOIN (SELECT tix, ts_ns, {bin_of} AS bin FROM {times_name(table)} WHERE {window}) AS t
+            USING (tix){packed}
         )"""

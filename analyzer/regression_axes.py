@@ -46,6 +46,7 @@ from analyzer.collectives import rank_waits
 from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, has_points, texts
 from analyzer.latency import NS, counter_increases, in_shared_reads, rollup_for, table_sql
 from analyzer.planner import span_filter
+from analyzer.point_bins import binned_points
 
 AXES = ("load", "context_length", "kv_pressure", "fabric_bytes", "clocks", "straggler_share")
 GAUGE_AXES = ("kv_pressure", "fabric_bytes", "clocks")  # sums and counts of samples per bin: additive
@@ -284,15 +285,15 @@ def _gpu_rows(
     those metrics' series are read, their metric class decided once per series."""
     aggregates = """sum(value) FILTER (WHERE link), count(DISTINCT ts_ns) FILTER (WHERE link),
                     sum(value) FILTER (WHERE clock), count(value) FILTER (WHERE clock)"""
-    if not rollup and has_points(con, "gpu_samples"):
+    if not rollup and has_points(con, "gpu_samples"):  # bins from the timestamps (analyzer.point_bins)
+        points = binned_points("gpu_samples", "value", lo, hi, f"({int(-lo - 1)} + ts_ns) // {int(bin_ns)}")
         sql = f"""
             WITH s AS (
                 SELECT series_id, {_LINK} AS link, {_CLOCK} AS clock FROM gpu_samples_series
                 WHERE list_contains({TEXTS}, uuid) AND (({_LINK}) OR {_CLOCK})
             )
-            SELECT (ts_ns - ? - 1) // ? AS b, {aggregates}
-            FROM gpu_samples_points JOIN s USING (series_id) WHERE ts_ns > ? AND ts_ns <= ? GROUP BY b"""
-        return con.execute(sql, [texts(dep.gpu_uuids), lo, bin_ns, lo, hi]).fetchall()
+            SELECT bin AS b, {aggregates} FROM {points} JOIN s USING (series_id) GROUP BY b"""
+        return con.execute(sql, [texts(dep.gpu_uuids)]).fetchall()
     sql = f"""
         SELECT (ts_ns - ? - 1) // ? AS b, {aggregates}
         FROM (SELECT ts_ns, value, {_LINK} AS link, {_CLOCK} AS clock FROM {table_sql("gpu_samples", rollup)}
