@@ -259,13 +259,17 @@ def _kv_rows(
 ) -> list[tuple[int, float, float]]:
     """Per bin, the sum and count of the deployment's ``kv_usage_ratio`` samples. On the series
     layout (raw rows) the series are chosen first and only their points read (latency rule 7)."""
-    if not rollup and has_points(con, "engine_samples"):
-        source = f"""engine_samples_points WHERE series_id IN (
-            SELECT series_id FROM engine_samples_series WHERE concept = 'kv_usage_ratio'
-              AND list_contains({TEXTS}, {ENGINE_KEY_SQL}))"""
-    else:
-        source = f"""{table_sql("engine_gauges", rollup)} WHERE concept = 'kv_usage_ratio'
-              AND list_contains({TEXTS}, {ENGINE_KEY_SQL})"""
+    if not rollup and has_points(con, "engine_samples"):  # bins from T_times (analyzer.point_bins)
+        bin_of = f"({int(-lo - 1)} + ts_ns) // {int(bin_ns)}"
+        points = binned_points("engine_samples", "value", lo, hi, bin_of)
+        return con.execute(
+            f"""SELECT bin AS b, sum(value), count(value) FROM {points} WHERE series_id IN (
+                   SELECT series_id FROM engine_samples_series WHERE concept = 'kv_usage_ratio'
+                     AND list_contains({TEXTS}, {ENGINE_KEY_SQL})) GROUP BY b""",
+            [texts(dep.engine_keys)],
+        ).fetchall()
+    source = f"""{table_sql("engine_gauges", rollup)} WHERE concept = 'kv_usage_ratio'
+          AND list_contains({TEXTS}, {ENGINE_KEY_SQL})"""
     return con.execute(
         f"""SELECT (ts_ns - ? - 1) // ? AS b, sum(value), count(value) FROM {source}
               AND ts_ns > ? AND ts_ns <= ? GROUP BY b""",
