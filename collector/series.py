@@ -95,8 +95,9 @@ SLICE_NS = 3600 * 1_000_000_000  # the time slice packed at once (rule 5)
 # two series' runs encodes both at the wider one's bit width; a run of a 1 Hz series over 5 (15)
 # minutes is 300 (900) values, so nearly every vector holds two. On an hour of one 8-GPU node's
 # dcgm fields (bench.bench_density, 720,000 points) 5-minute chunks took 5.10 bytes a sample and
-# 15-minute ones 4.37, against 3.64 in whole-hour runs; on the 512-GPU bench fleet's synthetic
-# values, 2 % more blocks (bench/results/envelope_scale.md).
+# 15-minute ones 4.37, against 3.64 in whole-hour runs; the bench fleet's synthetic values took
+# 2.9 % more blocks at 512 GPUs (5-minute chunks) and 1.4 % at 64 (15-minute chunks for the GPU
+# and bucket tables; bench/results/envelope_scale.md).
 CHUNKS_NS = (300 * 1_000_000_000, 900 * 1_000_000_000)
 # Two row groups (DuckDB's 122,880 rows each): a smaller chunk shares its row groups with its
 # neighbours, so a window skips little of the slice for the density it costs. One node's hour of
