@@ -18,6 +18,7 @@ from api_store import END_NS, START_NS, build
 from test_store_pack import _rows_scanned
 
 from analyzer.deployments import list_deployments
+from analyzer.point_bins import binned_points
 from analyzer.report import deployment_report
 from analyzer.thresholds import Thresholds
 from collector import series
@@ -197,3 +198,28 @@ def test_the_report_over_chunked_slices_equals_the_report_over_recent_points(
         return x
 
     assert rounded(after) == rounded(before)
+
+
+def test_binned_points_are_the_views_points_with_their_bins(tmp_path: Path) -> None:
+    """analyzer.point_bins: packed points (bins from T_times) and recent ones (a late point of a
+    packed timestamp and one of a new time) are the rows the view T_points gives the same window,
+    with the bin computed per point."""
+    store = Store(tmp_path / "s.duckdb")
+    store.write_closed("gpu_samples", _hour(50, 10))
+    late = {"host": ["node0"] * 2, "metric": ["power_w"] * 2, "value": [0.25, 0.5]}
+    late |= {"ts_ns": [BASE + 600 * NS, BASE + 605 * NS], "uuid": ["GPU-60", "GPU-3"]}
+    assert store.write("gpu_samples", batch("gpu_samples", late)) == 2  # into T_recent
+    lo, hi, width = BASE + 290 * NS, BASE + 1500 * NS, 60 * NS
+    bin_of = f"({-lo - 1} + ts_ns) // {width}"
+    for ids in (None, (3, 60)):
+        where = "" if ids is None else f" AND series_id BETWEEN {ids[0]} AND {ids[1]}"
+        want = store.con.execute(
+            f"SELECT series_id, {bin_of}, ts_ns, value FROM gpu_samples_points "
+            f"WHERE ts_ns > {lo} AND ts_ns <= {hi}{where} ORDER BY ALL"
+        ).fetchall()
+        got = store.con.execute(
+            f"SELECT * FROM {binned_points('gpu_samples', 'value', lo, hi, bin_of, ids)} ORDER BY ALL"
+        )
+        assert got.fetchall() == want and len(want) > 100
+        assert (50, 5, BASE + 600 * NS, 0.25) in want and any(r[2] == BASE + 605 * NS for r in want)
+    store.close()
