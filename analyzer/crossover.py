@@ -52,7 +52,7 @@ import polars as pl
 
 from analyzer import catalog
 from analyzer.critical_path import RANK_SHARE_SQL, rank_share_params
-from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
+from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, Deployment, texts
 from analyzer.latency import NS, binned_quantiles, counter_increases, reads_points, rollup_for, table_sql
 from analyzer.point_bins import binned_points
 from analyzer.thresholds import Thresholds
@@ -239,7 +239,7 @@ def _running_bins(
             f"""WITH s AS (
                    SELECT series_id, {ENGINE_KEY_SQL} AS k, concept FROM engine_samples_series
                    WHERE concept IN ('requests_running', 'kv_usage_ratio')
-                     AND list_contains({TEXTS}, {ENGINE_KEY_SQL})
+                     AND {ENGINE_KEY_SQL} {IN_TEXTS}
                )
                {outer} FROM (
                    SELECT bin AS b, k, concept, sum(value) / nullif(count(value), 0) AS v
@@ -253,7 +253,7 @@ def _running_bins(
                       avg(value) AS v
                FROM {table_sql("engine_gauges", rollup)} WHERE ts_ns > ? AND ts_ns <= ?
                  AND concept IN ('requests_running', 'kv_usage_ratio')
-                 AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY b""",
+                 AND {ENGINE_KEY_SQL} {IN_TEXTS} GROUP BY ALL) GROUP BY b""",
         [start_ns, bin_ns, start_ns, end_ns, texts(keys)],
     ).pl()
 
@@ -269,7 +269,7 @@ def _gpu_bins(
         got = con.execute(
             f"""WITH s AS (
                    SELECT series_id, metric = 'sm_active_ratio' AS sm FROM gpu_samples_series
-                   WHERE list_contains({TEXTS}, uuid) AND metric IN ('sm_active_ratio', 'dram_active_ratio')
+                   WHERE uuid {IN_TEXTS} AND metric IN ('sm_active_ratio', 'dram_active_ratio')
                )
                SELECT bin, sum(v) FILTER (WHERE sm) / nullif(sum(n) FILTER (WHERE sm), 0) AS sm,
                       sum(v) FILTER (WHERE NOT sm) / nullif(sum(n) FILTER (WHERE NOT sm), 0) AS dram
@@ -284,7 +284,7 @@ def _gpu_bins(
                   avg(value) FILTER (WHERE metric = 'sm_active_ratio') AS sm,
                   avg(value) FILTER (WHERE metric = 'dram_active_ratio') AS dram
            FROM {table_sql("gpu_samples", rollup)} WHERE ts_ns > ? AND ts_ns <= ?
-             AND list_contains({TEXTS}, uuid)
+             AND uuid {IN_TEXTS}
              AND metric IN ('sm_active_ratio', 'dram_active_ratio') GROUP BY bin""",
         [start_ns, bin_ns, start_ns, end_ns, texts(dep.gpu_uuids)],
     ).pl()

@@ -90,7 +90,7 @@ import polars as pl
 
 from analyzer.critical_path import CriticalPath, critical_path
 from analyzer.crossover import collective_evidence, load_bins, network_signals
-from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
+from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, Deployment, texts
 from analyzer.latency import (
     HISTOGRAMS,
     NS,
@@ -278,7 +278,7 @@ def _fabric_means(
                       max(value) FILTER (WHERE metric = 'link_rate_bytes_per_s') AS link,
                       avg(rate_per_s) FILTER (WHERE metric = 'tx_wait') AS wait,
                       avg(rate_per_s) FILTER (WHERE metric = 'tx_discards') AS discards
-               FROM fabric_samples WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, host)
+               FROM fabric_samples WHERE ts_ns > ? AND ts_ns <= ? AND host {IN_TEXTS}
                GROUP BY ALL""",
             [start_ns, end_ns, texts(dep.nodes)],
         ).fetchall()
@@ -344,7 +344,7 @@ def _gpu_means(
     if reads_points(con, "gpu_samples", rollup):  # the selected GPUs' series, their points summed first
         rows = con.execute(
             f"""WITH s AS (SELECT series_id, uuid, metric FROM gpu_samples_series
-                           WHERE list_contains({TEXTS}, uuid) AND list_contains({TEXTS}, metric))
+                           WHERE uuid {IN_TEXTS} AND metric {IN_TEXTS})
                 SELECT metric, avg(v), max(v) FROM (
                    SELECT uuid, metric, sum(v) / sum(n) AS v
                    FROM {per_series_means("gpu_samples")} JOIN s USING (series_id) GROUP BY ALL)
@@ -355,8 +355,8 @@ def _gpu_means(
         rows = con.execute(
             f"""SELECT metric, avg(v), max(v) FROM (
                    SELECT uuid, metric, avg(value) AS v FROM {table_sql("gpu_samples", rollup)}
-                   WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, uuid)
-                     AND list_contains({TEXTS}, metric)
+                   WHERE ts_ns > ? AND ts_ns <= ? AND uuid {IN_TEXTS}
+                     AND metric {IN_TEXTS}
                    GROUP BY ALL) GROUP BY metric""",
             [start_ns, end_ns, texts(dep.gpu_uuids), texts(GPU_METRICS)],
         ).fetchall()
@@ -374,7 +374,7 @@ def _engine_window(
     if reads_points(con, "engine_samples", rollup):  # the selected series, their points summed first
         rows = con.execute(
             f"""WITH s AS (SELECT series_id, {ENGINE_KEY_SQL} AS k, concept FROM engine_samples_series
-                           WHERE list_contains({TEXTS}, concept) AND list_contains({TEXTS}, {ENGINE_KEY_SQL}))
+                           WHERE concept {IN_TEXTS} AND {ENGINE_KEY_SQL} {IN_TEXTS})
                 SELECT concept, sum(v), max(v), count(*) FROM (
                    SELECT k, concept, sum(v) / sum(n) AS v
                    FROM {per_series_means("engine_samples")} JOIN s USING (series_id) GROUP BY ALL)
@@ -386,8 +386,8 @@ def _engine_window(
         rows = con.execute(
             f"""SELECT concept, sum(v), max(v), count(*) FROM (
                    SELECT {ENGINE_KEY_SQL} AS k, concept, avg(value) AS v FROM {gauges}
-                   WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, concept)
-                     AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY concept""",
+                   WHERE ts_ns > ? AND ts_ns <= ? AND concept {IN_TEXTS}
+                     AND {ENGINE_KEY_SQL} {IN_TEXTS} GROUP BY ALL) GROUP BY concept""",
             [start_ns, end_ns, texts(GAUGES), texts(keys)],
         ).fetchall()
     out: dict[str, float] = {}

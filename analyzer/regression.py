@@ -51,7 +51,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from analyzer.deployments import TEXTS, Deployment, texts
+from analyzer.deployments import IN_TEXTS, Deployment, texts
 from analyzer.latency import HISTOGRAMS, NS, ROLLUP_AFTER_S, binned_quantiles, reads_points, window_quantiles
 from analyzer.regression_axes import AXES, GAUGE_AXES, UNITS, Parts, axis_parts, choose_sources
 from analyzer.thresholds import Thresholds
@@ -94,7 +94,7 @@ def baseline_window(start_ns: int, end_ns: int, kind: str, th: Thresholds | None
 def history_start(con: duckdb.DuckDBPyConnection, dep: Deployment) -> int | None:
     """The first engine sample time of the deployment's sources (rule 2), or None when none."""
     sources = sorted({k.split("|", 1)[0] for k in dep.engine_keys})
-    where = f"list_contains({TEXTS}, source)"  # by source, not by the composed key: one plain column filter
+    where = f"source {IN_TEXTS}"  # by source, not by the composed key: one plain column filter
     sql = f"SELECT min(ts_ns) FROM engine_samples WHERE {where}"
     if reads_points(con, "engine_samples"):  # the series' points alone, not every point joined to its series
         sql = (  # each series' first point, then the sources' series: a hash per point was 2-3x the cost
