@@ -89,7 +89,7 @@ import numpy as np
 import polars as pl
 
 from analyzer.critical_path import CriticalPath, critical_path
-from analyzer.crossover import collective_evidence, load_bins, network_signals
+from analyzer.crossover import collective_evidence, gpu_window_sums, load_bins, network_signals
 from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, Deployment, texts
 from analyzer.latency import (
     HISTOGRAMS,
@@ -341,7 +341,16 @@ def _gpu_means(
     if not dep.gpu_uuids:
         return {}
     rollup = rollup_for(con, start_ns, end_ns)  # latency rule 6 for long windows
-    if reads_points(con, "gpu_samples", rollup):  # the selected GPUs' series, their points summed first
+    kept = None if rollup else gpu_window_sums(con, dep, start_ns, end_ns)
+    if kept is not None:  # the load bins' GPU sums of this window (crossover.gpu_series_bins)
+        per_gpu = (
+            kept.filter(pl.col("metric").is_in(GPU_METRICS))
+            .group_by("uuid", "metric")
+            .agg(pl.when(pl.col("n").sum() > 0).then(pl.col("v").sum() / pl.col("n").sum()).alias("v"))
+        )
+        got = per_gpu.group_by("metric").agg(pl.col("v").mean().alias("mean"), pl.col("v").max().alias("top"))
+        rows = list(got.iter_rows())
+    elif reads_points(con, "gpu_samples", rollup):  # the selected GPUs' series, their points summed first
         rows = con.execute(
             f"""WITH s AS (SELECT series_id, uuid, metric FROM gpu_samples_series
                            WHERE uuid {IN_TEXTS} AND metric {IN_TEXTS})

@@ -218,6 +218,11 @@ def in_shared_reads() -> bool:
     return _SHARED.get() is not None
 
 
+def shared_memo() -> dict[tuple[Any, ...], Any] | None:
+    """This report's memo of :func:`shared_reads` (None outside one), for reads kept elsewhere."""
+    return _SHARED.get()
+
+
 def _shared(key: tuple[Any, ...], run: Callable[[], _T]) -> _T:
     memo = _SHARED.get()
     if memo is None:
