@@ -89,7 +89,14 @@ import numpy as np
 import polars as pl
 
 from analyzer.critical_path import CriticalPath, critical_path
-from analyzer.crossover import collective_evidence, gpu_window_sums, load_bins, network_signals
+from analyzer.crossover import (
+    ENGINE_GAUGES,
+    collective_evidence,
+    engine_window_sums,
+    gpu_window_sums,
+    load_bins,
+    network_signals,
+)
 from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, Deployment, texts
 from analyzer.latency import (
     HISTOGRAMS,
@@ -342,7 +349,7 @@ def _gpu_means(
         return {}
     rollup = rollup_for(con, start_ns, end_ns)  # latency rule 6 for long windows
     kept = None if rollup else gpu_window_sums(con, dep, start_ns, end_ns)
-    if kept is not None:  # the load bins' GPU sums of this window (crossover.gpu_series_bins)
+    if kept is not None:  # the load bins' GPU sums of this window (crossover._series_bins)
         per_gpu = (
             kept.filter(pl.col("metric").is_in(GPU_METRICS))
             .group_by("uuid", "metric")
@@ -380,7 +387,24 @@ def _engine_window(
     con: duckdb.DuckDBPyConnection, keys: list[str], start_ns: int, end_ns: int, th: Thresholds
 ) -> dict[str, float]:
     rollup = rollup_for(con, start_ns, end_ns)  # latency rule 6
-    if reads_points(con, "engine_samples", rollup):  # the selected series, their points summed first
+    kept = (
+        None
+        if rollup or set(GAUGES) - set(ENGINE_GAUGES)
+        else engine_window_sums(con, keys, start_ns, end_ns)
+    )
+    if kept is not None:  # the load bins' engine gauge sums of this window (crossover._series_bins)
+        n = pl.col("n").sum()
+        per_engine = (
+            kept.filter(pl.col("concept").is_in(GAUGES))
+            .group_by("k", "concept")
+            .agg(pl.when(n > 0).then(pl.col("v").sum() / n).alias("v"))
+        )
+        v = pl.col("v")
+        got = per_engine.group_by("concept").agg(
+            pl.when(v.count() > 0).then(v.sum()).alias("total"), v.max().alias("top"), pl.len().alias("n")
+        )
+        rows = list(got.iter_rows())
+    elif reads_points(con, "engine_samples", rollup):  # the selected series, their points summed first
         rows = con.execute(
             f"""WITH s AS (SELECT series_id, {ENGINE_KEY_SQL} AS k, concept FROM engine_samples_series
                            WHERE concept {IN_TEXTS} AND {ENGINE_KEY_SQL} {IN_TEXTS})
