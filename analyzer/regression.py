@@ -17,6 +17,8 @@ Rules:
     ``previous_window``. ``baseline_mode_used`` names the mode whose window was compared with and
     ``fallback_reason`` says which mode was asked for and why it could not serve; when no mode is
     usable the last one tried is reported, its metrics read "no data", and the reason says so.
+    The history start is read only as far as this choice needs it (:func:`baseline_for`): a
+    sample in the hour before the latest start that lets the asked mode serve settles it.
  3. p99s are bucket estimates merged over the deployment's engines (:mod:`analyzer.latency`). A
     metric regressed when p99 now ÷ p99 baseline ≥ ``regression_min_ratio``.
  4. Change point of a series: split it where the two sides' means differ most in least squares
@@ -45,6 +47,7 @@ Rules:
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -106,6 +109,46 @@ def history_start(con: duckdb.DuckDBPyConnection, dep: Deployment) -> int | None
     return int(row[0]) if row and row[0] is not None else None
 
 
+PROBE_NS = 3600 * NS  # rule 2's probe: the hour before the latest history start that serves
+
+
+def baseline_for(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, th: Thresholds
+) -> tuple[str, tuple[int, int], str | None]:
+    """Rule 2 for ``dep``: :func:`pick_baseline` on its history start, read only as far as the
+    choice needs it.
+
+    The asked mode's baseline serves when the history starts no later than ``cutoff`` (its
+    window's end less the share it must cover). A sample of the deployment in the hour up to
+    ``cutoff`` settles that: the history starts at or before that sample, and an earlier start
+    covers at least as much, so the same mode, window and (no) reason come out as from the
+    first sample itself. Only without such a sample is the first sample read (a scan of every
+    raw engine point: 40-90 ms on two days of two engines, against 3-8 ms for the probe's hour)."""
+    b0, b1 = baseline_window(start_ns, end_ns, th.regression_baseline, th)
+    cutoff = b1 - math.ceil(th.regression_baseline_min_coverage_ratio * max(b1 - b0, 1))
+    seen = _sample_in(con, dep, cutoff - PROBE_NS, cutoff)
+    if seen is not None:
+        got = pick_baseline(seen, start_ns, end_ns, th)
+        if got[0] == th.regression_baseline and got[2] is None:
+            return got
+    return pick_baseline(history_start(con, dep), start_ns, end_ns, th)
+
+
+def _sample_in(con: duckdb.DuckDBPyConnection, dep: Deployment, lo: int, hi: int) -> int | None:
+    """The latest engine sample time of ``dep``'s sources in ``(lo, hi]``, or None (rule 2's probe;
+    the bounds as SQL literals)."""
+    sources = sorted({k.split("|", 1)[0] for k in dep.engine_keys})
+    where, span = f"list_contains({TEXTS}, source)", f"ts_ns > {int(lo)} AND ts_ns <= {int(hi)}"
+    sql = f"SELECT max(ts_ns) FROM engine_samples WHERE {span} AND {where}"
+    if reads_points(con, "engine_samples"):
+        sql = (
+            f"SELECT max(ts_ns) FROM engine_samples_points WHERE {span} "
+            f"AND series_id IN (SELECT series_id FROM engine_samples_series WHERE {where})"
+        )
+    row = con.execute(sql, [texts(sources)]).fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
 def pick_baseline(
     first_ns: int | None, start_ns: int, end_ns: int, th: Thresholds
 ) -> tuple[str, tuple[int, int], str | None]:
@@ -160,7 +203,7 @@ def p99_regression(
     """Rules 1-7 for one deployment and window."""
     th = th or Thresholds()
     keys = list(dep.engine_keys)
-    mode, (b0, b1), reason = pick_baseline(history_start(con, dep), start_ns, end_ns, th)
+    mode, (b0, b1), reason = baseline_for(con, dep, start_ns, end_ns, th)
     out = Regression(dep.name, th.regression_baseline, (b0, b1), mode, reason)
     # every histogram, as the envelope reads this window: inside one report it is read once (latency rule 8)
     now = window_quantiles(con, start_ns, end_ns, keys=keys, concepts=HISTOGRAMS, qs=(0.99,))

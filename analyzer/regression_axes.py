@@ -43,8 +43,8 @@ import numpy as np
 import polars as pl
 
 from analyzer.collectives import rank_waits
-from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, has_points, texts
-from analyzer.latency import NS, counter_increases, in_shared_reads, rollup_for, table_sql
+from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
+from analyzer.latency import NS, counter_increases, in_shared_reads, reads_points, rollup_for, table_sql
 from analyzer.planner import span_filter
 
 AXES = ("load", "context_length", "kv_pressure", "fabric_bytes", "clocks", "straggler_share")
@@ -251,6 +251,12 @@ def _gauges(
         if den.sum() > 0:
             out[axis] = Parts(num, den, source)
     return out
+
+
+def has_points(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """Whether ``table``'s raw rows are read from its points table here (latency rule 7: the
+    catalog is asked once per report, not once per statement)."""
+    return reads_points(con, table)
 
 
 def _kv_rows(
