@@ -33,8 +33,10 @@ Rules:
     before it within the span of rule 4 and ``after`` = from it to the window end; without one,
     the baseline window against the window. An axis moved when ``|change|`` ≥
     ``regression_axis_min_change_ratio``. The gauge axes (KV, fabric, clocks: sums and counts of
-    samples) take a side that lies on whole bins of the span from those bins, a span of raw rows
-    being read once rather than once more per side.
+    samples) take a side that lies on whole bins of the span and reads the same rows as the span
+    (raw points both, or both the per-minute rollups: latency rule 6) from those bins, the span
+    being read once rather than once more per side (the window itself, and at 6 h and 24 h the day
+    before, which is the span's first half).
  6. Each moved axis gets its own change point (rule 4 on its per-bin series over the span of
     rule 4) and ``lead_s`` = latency change point − axis change point (positive: the axis moved
     earlier).
@@ -55,8 +57,8 @@ import duckdb
 import numpy as np
 
 from analyzer.deployments import TEXTS, Deployment, texts
-from analyzer.latency import HISTOGRAMS, NS, ROLLUP_AFTER_S, binned_quantiles, reads_points, window_quantiles
-from analyzer.regression_axes import AXES, GAUGE_AXES, UNITS, Parts, axis_parts, choose_sources
+from analyzer.latency import HISTOGRAMS, NS, binned_quantiles, reads_points, rollup_for, window_quantiles
+from analyzer.regression_axes import AXES, GAUGE_AXES, UNITS, Parts, Sources, axis_parts, choose_sources
 from analyzer.thresholds import Thresholds
 
 METRICS = ("ttft_seconds", "itl_seconds")
@@ -255,21 +257,35 @@ def _axes(
         k0, k1 = (before[0] - span0) // bin_ns, (cp - span0) // bin_ns
         sides = {a: (p.value(k0, k1), p.value(k1, len(p.num))) for a, p in grid.items()}
     else:
-        edges = [(t - span0) // bin_ns for t in (*before, *after)]
-        on_grid = end_ns - span0 <= ROLLUP_AFTER_S * NS and all(  # raw rows on both (latency rule 6)
-            span0 <= t <= end_ns and (t - span0) % bin_ns == 0 for t in (*before, *after)
-        )
-        a = axis_parts(con, dep, *before, (before[1] - before[0]) / NS, src, gauges=not on_grid)
-        b = axis_parts(con, dep, *after, (after[1] - after[0]) / NS, src, gauges=not on_grid)
-        sides = {
-            k: (a[k].value(0, 1) if k in a else None, b[k].value(0, 1) if k in b else None) for k in AXES
-        }
-        if on_grid:  # the gauge axes' sums and counts add up over the span's bins
-            sides.update(
-                {k: (grid[k].value(*edges[:2]), grid[k].value(*edges[2:])) for k in GAUGE_AXES if k in grid}
-            )
+        got = [_side(con, dep, side, (span0, end_ns), grid, src, th.bin_s) for side in (before, after)]
+        sides = {k: (got[0].get(k), got[1].get(k)) for k in AXES}
     starts = span0 + np.arange(max((len(p.num) for p in grid.values()), default=0)) * bin_ns
     return [_axis_row(axis, sides.get(axis, (None, None)), grid.get(axis), starts, cp, th) for axis in AXES]
+
+
+def _side(
+    con: duckdb.DuckDBPyConnection,
+    dep: Deployment,
+    side: tuple[int, int],
+    span: tuple[int, int],
+    grid: dict[str, Parts],
+    src: Sources,
+    bin_s: float,
+) -> dict[str, float | None]:
+    """Rule 5 without a change point: each axis's value over ``side``. The gauge axes' sums and
+    counts add up over the span's bins, so where the side lies on whole bins of the span and reads
+    the same rows as the span (raw points both, or both the rollups' minutes: latency rule 6) they
+    come from the span's bins; the rest is read over the side alone."""
+    (lo, hi), (s0, s1) = side, span
+    bin_ns = max(int(bin_s * NS), 1)
+    fits = s0 <= lo < hi <= s1 and (lo - s0) % bin_ns == 0 and (hi - s0) % bin_ns == 0
+    fits = fits and rollup_for(con, lo, hi, (hi - lo) / NS) == rollup_for(con, s0, s1, bin_s)
+    alone = axis_parts(con, dep, lo, hi, (hi - lo) / NS, src, gauges=not fits)
+    out = {k: p.value(0, 1) for k, p in alone.items()}
+    if fits:
+        k0, k1 = (lo - s0) // bin_ns, (hi - s0) // bin_ns
+        out.update({k: grid[k].value(k0, k1) for k in GAUGE_AXES if k in grid})
+    return out
 
 
 def _axis_row(
