@@ -54,6 +54,7 @@ from analyzer import catalog
 from analyzer.critical_path import RANK_SHARE_SQL, rank_share_params
 from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
 from analyzer.latency import NS, binned_quantiles, counter_increases, rollup_for, table_sql
+from analyzer.latency import report_memo as latency_memo
 from analyzer.thresholds import Thresholds
 
 DRAM_PRACTICAL_CEILING = 0.8  # REFERENCE §1
@@ -202,16 +203,7 @@ def load_bins(
 
     bin_ns = int(th.bin_s * NS)
     keys = list(dep.engine_keys)
-    run = con.execute(
-        f"""SELECT b AS bin, sum(v) FILTER (WHERE concept = 'requests_running') AS running,
-                  avg(v) FILTER (WHERE concept = 'kv_usage_ratio') AS kv FROM (
-               SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS b, {ENGINE_KEY_SQL} AS k, concept,
-                      avg(value) AS v
-               FROM {table_sql("engine_gauges", rollup)} WHERE ts_ns > ? AND ts_ns <= ?
-                 AND concept IN ('requests_running', 'kv_usage_ratio')
-                 AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY b""",
-        [start_ns, bin_ns, start_ns, end_ns, texts(keys)],
-    ).pl()
+    run, gpu = _gauge_bins(con, dep, start_ns, end_ns, bin_ns, rollup)
     tok = counter_increases(
         con,
         start_ns,
@@ -228,20 +220,54 @@ def load_bins(
     itl = q.pivot(on="q", index="bin", values="value_s") if q.height else pl.DataFrame({"bin": []})
     itl = itl.rename({c: f"itl_p{round(float(c) * 100)}_s" for c in itl.columns if c != "bin"})
     out = run.join(tok, on="bin", how="left").join(itl.cast({"bin": pl.Int64}), on="bin", how="left")
-    return out.join(_gpu_bins(con, dep, start_ns, end_ns, bin_ns, rollup), on="bin", how="left").sort("bin")
+    return out.join(gpu, on="bin", how="left").sort("bin")
+
+
+def _gauge_bins(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, bin_ns: int, rollup: bool
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """:func:`load_bins`' gauge means per bin, ``[bin, running, kv]`` and ``[bin, sm, dram]``.
+
+    A bin's means depend on the samples in it alone (no look-back, no first sample), so inside one
+    report (:func:`analyzer.latency.shared_reads`) a window whose bins are bins of a window read
+    before (the same rows: raw or rollups, the same deployment; its start on their edges, its end
+    the same or on an edge too) takes them from it: the 6 h and 24 h windows' bins are the last
+    bins of the 24 h history that Cp is fitted on, read first."""
+    memo = latency_memo("load_bins gauges")
+    key = (id(con), dep.engine_keys, dep.gpu_uuids, bin_ns, rollup)
+    for (k, s0, s1), (run, gpu) in (memo or {}).items():
+        on_edges = (start_ns - s0) % bin_ns == 0 and (end_ns == s1 or (end_ns - s0) % bin_ns == 0)
+        if k == key and s0 <= start_ns and end_ns <= s1 and on_edges:
+            k0, n = (start_ns - s0) // bin_ns, -(-(end_ns - start_ns) // bin_ns)
+            part = (pl.col("bin") >= k0) & (pl.col("bin") < k0 + n)
+            return tuple(f.filter(part).with_columns(pl.col("bin") - k0) for f in (run, gpu))  # type: ignore[return-value]
+    run = con.execute(  # the numbers as SQL literals (a bound integer costs the client a search for pandas)
+        f"""SELECT b AS bin, sum(v) FILTER (WHERE concept = 'requests_running') AS running,
+                  avg(v) FILTER (WHERE concept = 'kv_usage_ratio') AS kv FROM (
+               SELECT CAST((ts_ns - {start_ns} - 1) // {bin_ns} AS BIGINT) AS b, {ENGINE_KEY_SQL} AS k,
+                      concept, avg(value) AS v
+               FROM {table_sql("engine_gauges", rollup)} WHERE ts_ns > {start_ns} AND ts_ns <= {end_ns}
+                 AND concept IN ('requests_running', 'kv_usage_ratio')
+                 AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY b""",
+        [texts(dep.engine_keys)],
+    ).pl()
+    gpu = _gpu_bins(con, dep, start_ns, end_ns, bin_ns, rollup)
+    if memo is not None:
+        memo[(key, start_ns, end_ns)] = (run, gpu)
+    return run, gpu
 
 
 def _gpu_bins(
     con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, bin_ns: int, rollup: bool
 ) -> pl.DataFrame:
-    got = con.execute(
-        f"""SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin,
+    got = con.execute(  # the numbers as SQL literals (a bound integer costs the client a search for pandas)
+        f"""SELECT CAST((ts_ns - {start_ns} - 1) // {bin_ns} AS BIGINT) AS bin,
                   avg(value) FILTER (WHERE metric = 'sm_active_ratio') AS sm,
                   avg(value) FILTER (WHERE metric = 'dram_active_ratio') AS dram
-           FROM {table_sql("gpu_samples", rollup)} WHERE ts_ns > ? AND ts_ns <= ?
+           FROM {table_sql("gpu_samples", rollup)} WHERE ts_ns > {start_ns} AND ts_ns <= {end_ns}
              AND list_contains({TEXTS}, uuid)
              AND metric IN ('sm_active_ratio', 'dram_active_ratio') GROUP BY bin""",
-        [start_ns, bin_ns, start_ns, end_ns, texts(dep.gpu_uuids)],
+        [texts(dep.gpu_uuids)],
     ).pl()
     return got.cast({"bin": pl.Int64, "sm": pl.Float64, "dram": pl.Float64})
 
@@ -371,7 +397,7 @@ def history_bins(
 
     Spans over an hour read the per-minute rollups when the store has them (latency rule 6).
     """
-    rollup = end_ns - start_ns > 3600 * NS and _has_rollups(con, start_ns, end_ns)
+    rollup = rollup_for(con, start_ns, end_ns)
     return load_bins(con, dep, start_ns, end_ns, th, rollup=rollup).drop_nulls(["running", "tokens_per_s"])
 
 
@@ -450,10 +476,3 @@ def judge_load_points(
             }
         )
     return out  # fmt: skip
-
-
-def _has_rollups(con: duckdb.DuckDBPyConnection, start_ns: int, end_ns: int) -> bool:
-    row = con.execute(
-        "SELECT count(*) FROM engine_samples_1m WHERE minute_ns >= ? AND minute_ns < ?", [start_ns, end_ns]
-    ).fetchone()
-    return bool(row and row[0])

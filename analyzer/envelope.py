@@ -1088,6 +1088,8 @@ def analyze_deployment(
     from analyzer.crossover import cp_from_store, headroom
 
     th = th or Thresholds()
+    # Cp's history first: inside one report the window's gauge bins are its last bins (crossover)
+    cp = cp_from_store(con, dep, max(end_ns - int(history_s * NS), 0), end_ns, th)
     sig = gather(
         con, dep, start_ns, end_ns, th, network_evidence=network_evidence, expected_latency=expected_latency
     )
@@ -1103,5 +1105,4 @@ def analyze_deployment(
         ttft_slo_s=dep.ttft_slo_s,
         itl_slo_s=dep.itl_slo_s,
     )
-    cp = cp_from_store(con, dep, max(end_ns - int(history_s * NS), 0), end_ns, th)
     return {"deployment": dep.summary(), "envelope": verdict.as_dict(), "cp": cp.as_dict(), "headroom": room}

@@ -217,6 +217,13 @@ def in_shared_reads() -> bool:
     return _SHARED.get() is not None
 
 
+def report_memo(name: str) -> dict[Any, Any] | None:
+    """This report's memo of the reads called ``name`` (rule 8, for reads made outside this
+    module), or None outside :func:`shared_reads`."""
+    memo = _SHARED.get()
+    return None if memo is None else memo.setdefault(("memo", name), {})
+
+
 def _shared(key: tuple[Any, ...], run: Callable[[], _T]) -> _T:
     memo = _SHARED.get()
     if memo is None:

@@ -3,9 +3,10 @@ whether the span and the sides read raw points or the per-minute rollups (latenc
 
 Hand-built telemetry: ``build`` of test_regression_axes (one engine scraped every 5 s: KV usage
 0.4, then 0.7 in the last phase) for 5 hours, plus two GPUs on the deployment's node with an SM
-clock and NVLink bytes/s that change every sample (so a side's mean depends on exactly which samples
-it holds), rolled up by the store's maintenance. Windows: 2 h (span 4 h and sides of 2 h: all read
-the rollups), 15 min (all raw), and 1 h (span 2 h on the rollups, sides of 1 h raw: read alone)."""
+clock, NVLink bytes/s, SM and DRAM activity that change every sample (so a side's mean depends on
+exactly which samples it holds), rolled up by the store's maintenance. Windows: 2 h (span 4 h and
+sides of 2 h: all read the rollups), 15 min (all raw), and 1 h (span 2 h on the rollups, sides of
+1 h raw: read alone)."""
 
 from __future__ import annotations
 
@@ -35,14 +36,22 @@ def _gpu_rows() -> list[dict[str, object]]:
             ident = {"ts_ns": t, "host": "node-a", "gpu": g, "uuid": f"GPU-{g}", "link": -1}
             rows.append({**ident, "metric": "sm_clock_mhz", "value": 1400.0 + (k * 7 + g * 13) % 390})
             rows.append({**ident, "metric": "nvlink_tx_bytes_per_s", "value": 1e9 * (1 + (k * 3 + g) % 11)})
+            rows.append({**ident, "metric": "sm_active_ratio", "value": 0.3 + ((k + g) % 7) / 10})
+            rows.append({**ident, "metric": "dram_active_ratio", "value": 0.2 + ((k * 5 + g) % 9) / 20})
     return rows
+
+
+def five_hours() -> Store:
+    """The store described above, rolled up."""
+    st = build([Phase(3 * 3600), Phase(HOURS * 3600 - 3 * 3600, kv=0.7)])
+    st.write("gpu_samples", frame("gpu_samples", _gpu_rows()))
+    st.maintain(now_ns=END + 60 * NS)
+    return st
 
 
 @pytest.fixture(scope="module")
 def store() -> Iterator[Store]:
-    st = build([Phase(3 * 3600), Phase(HOURS * 3600 - 3 * 3600, kv=0.7)])
-    st.write("gpu_samples", frame("gpu_samples", _gpu_rows()))
-    st.maintain(now_ns=END + 60 * NS)
+    st = five_hours()
     yield st
     st.close()
 
