@@ -6,7 +6,8 @@ samples inside it only.
 Hand-built telemetry: ``five_hours`` of test_regression_sides (one engine every 5 s, two GPUs whose
 SM and DRAM activity change every sample, rolled up). The history is the last 4 h; windows: the last
 2 h (its bins are the history's last 120), 2 h ending 30 min before the end (bins inside), 2 h
-starting 30 s off the history's bin edges (read alone), and 15 min (raw rows: read alone)."""
+starting 30 s off the history's bin edges (read alone), and 15 min (raw rows: read alone). And the
+per-bin quantiles (``binned_quantiles``, built as columns) equal each bin's ``Quantile``."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ from test_regression_sides import END, five_hours
 
 from analyzer.crossover import load_bins
 from analyzer.deployments import list_deployments
-from analyzer.latency import rollup_for, shared_reads
+from analyzer.latency import (
+    binned_quantiles,
+    bucket_increases,
+    quantiles_from_increases,
+    rollup_for,
+    shared_reads,
+)
 from analyzer.thresholds import Thresholds
 from collector.store import Store
 
@@ -51,3 +58,29 @@ def test_the_window_bins_equal_the_window_read_alone(store: Store, start: int, e
     assert history.height == 240 and alone.height == -(-(end - start) // (60 * NS))
     assert alone["sm"].null_count() == alone["running"].null_count() == 0
     assert_frame_equal(got, alone)
+
+
+@pytest.mark.parametrize(("window_s", "bin_s"), [(900, 60.0), (2 * 3600, 60.0), (2 * 3600, 600.0)])
+def test_binned_quantiles_rows_are_the_quantiles_of_each_bin(
+    store: Store, window_s: int, bin_s: float
+) -> None:
+    """``binned_quantiles`` builds its columns at once: the same rows as each bin's ``Quantile``
+    (``quantiles_from_increases`` over the same increases), and the same frame when asked again
+    inside one report (latency rule 8)."""
+    start, qs = END - window_s * NS, (0.5, 0.99)
+    with store.cursor() as cur:
+        dep = list_deployments(cur)[0]
+        keys = list(dep.engine_keys)
+        inc = bucket_increases(cur, start, END, keys=keys, concepts=["ttft_seconds"], bin_s=bin_s)
+        got = binned_quantiles(cur, start, END, bin_s, keys=keys, concepts=["ttft_seconds"], qs=qs)
+        with shared_reads():
+            first = binned_quantiles(cur, start, END, bin_s, keys=keys, concepts=["ttft_seconds"], qs=qs)
+            again = binned_quantiles(cur, start, END, bin_s, keys=keys, concepts=["ttft_seconds"], qs=qs)
+    want = [
+        (c, b, start + int(b * bin_s * NS), x.q, x.value_s, x.observations)
+        for (c, b), xs in quantiles_from_increases(inc, qs).items()
+        for x in xs
+    ]
+    assert got.height == len(want) == 2 * -(-window_s // int(bin_s))
+    assert got.rows() == want
+    assert again is first and first.rows() == want
