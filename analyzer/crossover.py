@@ -246,7 +246,8 @@ def _gauge_bins(
                   avg(v) FILTER (WHERE concept = 'kv_usage_ratio') AS kv FROM (
                SELECT CAST((ts_ns - {start_ns} - 1) // {bin_ns} AS BIGINT) AS b, {ENGINE_KEY_SQL} AS k,
                       concept, avg(value) AS v
-               FROM {table_sql("engine_gauges", rollup)} WHERE ts_ns > {start_ns} AND ts_ns <= {end_ns}
+               FROM {table_sql("engine_gauges", rollup, (start_ns, end_ns))}
+               WHERE ts_ns > {start_ns} AND ts_ns <= {end_ns}
                  AND concept IN ('requests_running', 'kv_usage_ratio')
                  AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY b""",
         [texts(dep.engine_keys)],
@@ -264,7 +265,8 @@ def _gpu_bins(
         f"""SELECT CAST((ts_ns - {start_ns} - 1) // {bin_ns} AS BIGINT) AS bin,
                   avg(value) FILTER (WHERE metric = 'sm_active_ratio') AS sm,
                   avg(value) FILTER (WHERE metric = 'dram_active_ratio') AS dram
-           FROM {table_sql("gpu_samples", rollup)} WHERE ts_ns > {start_ns} AND ts_ns <= {end_ns}
+           FROM {table_sql("gpu_samples", rollup, (start_ns, end_ns))}
+           WHERE ts_ns > {start_ns} AND ts_ns <= {end_ns}
              AND list_contains({TEXTS}, uuid)
              AND metric IN ('sm_active_ratio', 'dram_active_ratio') GROUP BY bin""",
         [texts(dep.gpu_uuids)],

@@ -352,9 +352,10 @@ def _gpu_means(
             [texts(dep.gpu_uuids), texts(GPU_METRICS), start_ns, end_ns],
         ).fetchall()
     else:
+        gpu = table_sql("gpu_samples", rollup, (start_ns, end_ns))
         rows = con.execute(
             f"""SELECT metric, avg(v), max(v) FROM (
-                   SELECT uuid, metric, avg(value) AS v FROM {table_sql("gpu_samples", rollup)}
+                   SELECT uuid, metric, avg(value) AS v FROM {gpu}
                    WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, uuid)
                      AND list_contains({TEXTS}, metric)
                    GROUP BY ALL) GROUP BY metric""",
@@ -382,7 +383,7 @@ def _engine_window(
             [texts(GAUGES), texts(keys), start_ns, end_ns],
         ).fetchall()
     else:
-        gauges = table_sql("engine_gauges", rollup)
+        gauges = table_sql("engine_gauges", rollup, (start_ns, end_ns))
         rows = con.execute(
             f"""SELECT concept, sum(v), max(v), count(*) FROM (
                    SELECT {ENGINE_KEY_SQL} AS k, concept, avg(value) AS v FROM {gauges}

@@ -188,13 +188,21 @@ def _rollup_rows(con: duckdb.DuckDBPyConnection, start_ns: int, end_ns: int) -> 
     return bool(row and row[0])
 
 
-def table_sql(name: str, rollup: bool) -> str:
+def table_sql(name: str, rollup: bool, within: tuple[int, int] | None = None) -> str:
     """Rule 6: the raw table, or its per-minute rollup shaped like it (a minute's rows stamped at its end).
 
     ``engine_gauges`` is ``engine_samples`` read for gauges (the minute's mean, not its last value).
+    ``within`` = ``(lo, hi)``: the rollup's minutes stamped in ``(lo, hi]`` only, bounded on
+    ``minute_ns`` itself, which the rollup tables' zone maps prune (a filter on the stamp, an
+    expression, reads every row group: a day's SM/DRAM bins of a week's rollups 40 ms, 10 ms bounded).
+    The caller still filters the stamp: the same rows.
     """
     if rollup:
-        return f"{_ROLLUPS[name]} AS {name.replace('engine_gauges', 'engine_samples')}"
+        sql = _ROLLUPS[name]
+        if within is not None:
+            lo, hi = (int(x) - 60 * NS for x in within)
+            sql = f"{sql[:-1]} WHERE minute_ns > {lo} AND minute_ns <= {hi})"
+        return f"{sql} AS {name.replace('engine_gauges', 'engine_samples')}"
     return name.replace("engine_gauges", "engine_samples")
 
 

@@ -107,10 +107,10 @@ def _span_rows(
     """Per bin of span start: requests, prompt tokens, requests with prompt tokens."""
     cond, params = span_filter(con, dep.name, dep.model)
     return con.execute(  # type: ignore[return-value]
-        f"""SELECT (start_ns - ? - 1) // ? AS b, count(DISTINCT trace_id),
+        f"""SELECT (start_ns - {int(lo)} - 1) // {int(bin_ns)} AS b, count(DISTINCT trace_id),
                    sum(input_tokens), count(input_tokens)
-            FROM request_spans WHERE {cond} AND start_ns > ? AND start_ns <= ? GROUP BY b""",
-        [lo, bin_ns, *params, lo, hi],
+            FROM request_spans WHERE {cond} AND start_ns > {int(lo)} AND start_ns <= {int(hi)} GROUP BY b""",
+        params,
     ).fetchall()
 
 
@@ -269,12 +269,12 @@ def _kv_rows(
             SELECT series_id FROM engine_samples_series WHERE concept = 'kv_usage_ratio'
               AND list_contains({TEXTS}, {ENGINE_KEY_SQL}))"""
     else:
-        source = f"""{table_sql("engine_gauges", rollup)} WHERE concept = 'kv_usage_ratio'
+        source = f"""{table_sql("engine_gauges", rollup, (lo, hi))} WHERE concept = 'kv_usage_ratio'
               AND list_contains({TEXTS}, {ENGINE_KEY_SQL})"""
     return con.execute(
-        f"""SELECT (ts_ns - ? - 1) // ? AS b, sum(value), count(value) FROM {source}
-              AND ts_ns > ? AND ts_ns <= ? GROUP BY b""",
-        [lo, bin_ns, texts(dep.engine_keys), lo, hi],
+        f"""SELECT (ts_ns - {int(lo)} - 1) // {int(bin_ns)} AS b, sum(value), count(value) FROM {source}
+              AND ts_ns > {int(lo)} AND ts_ns <= {int(hi)} GROUP BY b""",
+        [texts(dep.engine_keys)],
     ).fetchall()
 
 
@@ -288,6 +288,7 @@ def _gpu_rows(
     """Per bin: NVLink + PCIe bytes/s summed and the number of their sample times, SM clock sum
     and count, over the deployment's GPUs. On the series layout (raw rows) only the points of
     those metrics' series are read, their metric class decided once per series."""
+    lo, hi, bin_ns = int(lo), int(hi), int(bin_ns)  # SQL literals: a bound number costs a search for pandas
     aggregates = """sum(value) FILTER (WHERE link), count(DISTINCT ts_ns) FILTER (WHERE link),
                     sum(value) FILTER (WHERE clock), count(value) FILTER (WHERE clock)"""
     if not rollup and has_points(con, "gpu_samples"):
@@ -296,14 +297,16 @@ def _gpu_rows(
                 SELECT series_id, {_LINK} AS link, {_CLOCK} AS clock FROM gpu_samples_series
                 WHERE list_contains({TEXTS}, uuid) AND (({_LINK}) OR {_CLOCK})
             )
-            SELECT (ts_ns - ? - 1) // ? AS b, {aggregates}
-            FROM gpu_samples_points JOIN s USING (series_id) WHERE ts_ns > ? AND ts_ns <= ? GROUP BY b"""
-        return con.execute(sql, [texts(dep.gpu_uuids), lo, bin_ns, lo, hi]).fetchall()
+            SELECT (ts_ns - {lo} - 1) // {bin_ns} AS b, {aggregates}
+            FROM gpu_samples_points JOIN s USING (series_id)
+            WHERE ts_ns > {lo} AND ts_ns <= {hi} GROUP BY b"""
+        return con.execute(sql, [texts(dep.gpu_uuids)]).fetchall()
     sql = f"""
-        SELECT (ts_ns - ? - 1) // ? AS b, {aggregates}
-        FROM (SELECT ts_ns, value, {_LINK} AS link, {_CLOCK} AS clock FROM {table_sql("gpu_samples", rollup)}
-              WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, uuid)) GROUP BY b"""
-    return con.execute(sql, [lo, bin_ns, lo, hi, texts(dep.gpu_uuids)]).fetchall()
+        SELECT (ts_ns - {lo} - 1) // {bin_ns} AS b, {aggregates}
+        FROM (SELECT ts_ns, value, {_LINK} AS link, {_CLOCK} AS clock
+              FROM {table_sql("gpu_samples", rollup, (lo, hi))}
+              WHERE ts_ns > {lo} AND ts_ns <= {hi} AND list_contains({TEXTS}, uuid)) GROUP BY b"""
+    return con.execute(sql, [texts(dep.gpu_uuids)]).fetchall()
 
 
 def _waits(con: duckdb.DuckDBPyConnection, comm_ids: list[str], lo: int, hi: int) -> pl.DataFrame:

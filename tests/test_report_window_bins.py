@@ -25,6 +25,7 @@ from analyzer.latency import (
     quantiles_from_increases,
     rollup_for,
     shared_reads,
+    table_sql,
 )
 from analyzer.thresholds import Thresholds
 from collector.store import Store
@@ -84,3 +85,24 @@ def test_binned_quantiles_rows_are_the_quantiles_of_each_bin(
     assert got.height == len(want) == 2 * -(-window_s // int(bin_s))
     assert got.rows() == want
     assert again is first and first.rows() == want
+
+
+@pytest.mark.parametrize("name", ["histogram_buckets", "engine_samples", "engine_gauges", "gpu_samples"])
+@pytest.mark.parametrize(
+    ("lo", "hi"),
+    [(END - 2 * HOUR, END), (END - HOUR - 30 * NS, END - 59 * NS), (END - 90 * NS, END + 60 * NS)],
+)
+def test_rollup_rows_bounded_on_their_minutes_are_the_rows_of_the_window(
+    store: Store, name: str, lo: int, hi: int
+) -> None:
+    """``table_sql(..., within=(lo, hi))`` bounds the rollup on ``minute_ns`` (what its zone maps
+    prune): the rows stamped in ``(lo, hi]`` are the same as with the stamp filtered alone, whole
+    minutes or not."""
+    with store.cursor() as cur:
+
+        def rows(within: tuple[int, int] | None) -> list[tuple[object, ...]]:
+            sql = f"SELECT * FROM {table_sql(name, True, within)} WHERE ts_ns > {lo} AND ts_ns <= {hi}"
+            return sorted(cur.execute(sql).fetchall(), key=repr)
+
+        want = rows(None)
+        assert want and rows((lo, hi)) == want
