@@ -268,12 +268,14 @@ def _coarser(finer: pl.DataFrame, b: int, bin_ns: int, bins: int) -> pl.DataFram
     value = finer.columns[-1]
     keys = [c for c in finer.columns[:-1] if c != "bin"]
     x = pl.col(value)
-    return (
-        finer.filter(pl.col("bin") < bins)
+    return (  # one lazy query: each eager step is a query of its own (~0.4 ms each under load)
+        finer.lazy()
+        .filter(pl.col("bin") < bins)
         .with_columns((pl.col("bin") * b // bin_ns).cast(pl.Int64).alias("bin"))
         .group_by([keys[0], "bin", *keys[1:]], maintain_order=True)
         .agg(pl.when(x.is_null().all()).then(None).otherwise(x.sum()).alias(value))
         .sort([keys[0], "bin", *keys[1:]])
+        .collect()
     )
 
 
@@ -588,11 +590,13 @@ def _groups(inc: pl.DataFrame, qs: Sequence[float]) -> list[tuple[str, int, list
     if inc.is_empty():
         return []
     inc = inc.sort(["concept", "bin", "le"])
-    new_group = (inc["bin"] != inc["bin"].shift(1)) | (inc["concept"] != inc["concept"].shift(1))
-    edges = [0, *np.flatnonzero(new_group.fill_null(True).to_numpy()[1:]).__add__(1).tolist()]
+    new = (pl.col("bin") != pl.col("bin").shift(1)) | (pl.col("concept") != pl.col("concept").shift(1))
+    new_group = inc.select(new.fill_null(True)).to_series().to_numpy()
+    edges = [0, *np.flatnonzero(new_group[1:]).__add__(1).tolist()]
     ends = [*edges[1:], inc.height]
     grid = _grouped_quantiles(inc["le"].to_numpy(), inc["count"].to_numpy(), edges, ends, qs)
-    concepts, bins = inc["concept"].gather(edges).to_list(), inc["bin"].gather(edges).to_list()
+    first = inc.select(pl.col("concept", "bin").gather(edges))
+    concepts, bins = first["concept"].to_list(), first["bin"].to_list()
     out: list[tuple[str, int, list[tuple[Any, ...]]]] = []
     for g, (a, b) in enumerate(zip(edges, ends, strict=True)):
         c, fields = str(concepts[g]), grid[g]
