@@ -114,6 +114,23 @@ def _span_rows(
     ).fetchall()
 
 
+def _span_counts(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, sides: tuple[tuple[int, int], ...]
+) -> list[tuple[int, int]]:
+    """Per side ``(lo, hi]``: requests (distinct traces) and requests with prompt tokens whose span
+    starts in it, every side in one read of the spans (sides may overlap: one filter each)."""
+    cond, params = span_filter(con, dep.name, dep.model)
+    side = [f"start_ns > {int(lo)} AND start_ns <= {int(hi)}" for lo, hi in sides]
+    cols = ", ".join(
+        f"count(DISTINCT trace_id) FILTER (WHERE {w}), count(input_tokens) FILTER (WHERE {w})" for w in side
+    )
+    within = " OR ".join(f"({w})" for w in side)
+    row = (
+        con.execute(f"SELECT {cols} FROM request_spans WHERE {cond} AND ({within})", params).fetchone() or ()
+    )
+    return [(int(row[2 * i] or 0), int(row[2 * i + 1] or 0)) for i in range(len(sides))]
+
+
 def _counter_rows(
     con: duckdb.DuckDBPyConnection, dep: Deployment, lo: int, hi: int, bin_s: float, concepts: list[str]
 ) -> dict[str, dict[int, float]]:
@@ -137,10 +154,7 @@ def choose_sources(
     the span whose per-bin counters :func:`axis_parts` reads next; inside one report
     (:func:`analyzer.latency.shared_reads`) they are read first, so that a side starting where
     the span does is regrouped from them instead of read again (latency rule 10)."""
-    spans, counters = [], []
-    for lo, hi in sides:
-        rows = _span_rows(con, dep, lo, hi, hi - lo + 1)
-        spans.append((sum(r[1] for r in rows), sum(r[3] for r in rows)))
+    spans, counters = _span_counts(con, dep, sides), []
     if not all(a >= MIN_SPANS and b >= MIN_SPANS for a, b in spans):
         if span is not None and in_shared_reads():
             _counter_rows(con, dep, *span, list(LOAD_COUNTERS))

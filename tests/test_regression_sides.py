@@ -18,7 +18,7 @@ from test_regression_axes import T0, Phase, build
 from analyzer.deployments import list_deployments
 from analyzer.latency import rollup_for, shared_reads
 from analyzer.regression import p99_regression
-from analyzer.regression_axes import GAUGE_AXES, axis_parts, choose_sources
+from analyzer.regression_axes import GAUGE_AXES, _span_counts, _span_rows, axis_parts, choose_sources
 from analyzer.thresholds import Thresholds
 from collector.records import frame
 from collector.store import Store
@@ -81,3 +81,19 @@ def test_the_gauge_sides_equal_each_side_read_alone(
     for k in GAUGE_AXES:
         assert rows[k]["before"] == pytest.approx(alone[0][k].value(0, 1), rel=1e-12), k
         assert rows[k]["after"] == pytest.approx(alone[1][k].value(0, 1), rel=1e-12), k
+
+
+def test_the_sides_span_counts_equal_each_side_read_alone() -> None:
+    """Rule 5's source choice counts each side's request spans in one read: the same counts as
+    the spans of each side read alone (``_span_rows``, summed over its bins), overlapping sides
+    included. Hand-built spans: one vLLM request span per arrival, 10 requests/s for 20 min."""
+    st = build([Phase(600), Phase(600, lam=20.0, isl=3000.0)], spans=True)
+    sides = ((T0, T0 + 600 * NS), (T0 + 300 * NS, T0 + 1200 * NS), (T0 - 60 * NS, T0 + 1 * NS))
+    with st.cursor() as cur:
+        dep = list_deployments(cur)[0]
+        got = _span_counts(cur, dep, sides)
+        alone = []
+        for lo, hi in sides:
+            rows = _span_rows(cur, dep, lo, hi, 60 * NS)
+            alone.append((sum(r[1] for r in rows), sum(r[3] for r in rows)))
+    assert got == alone and got[0][0] > 0 and got[1][0] > got[0][0]
