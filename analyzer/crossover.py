@@ -192,9 +192,12 @@ def load_bins(
     th: Thresholds,
     *,
     rollup: bool | None = None,
+    shared: bool = True,
 ) -> pl.DataFrame:
     """Per-bin ``[bin, running, kv, tokens_per_s, itl_p50_s, itl_p99_s, sm, dram]`` for rule 6 (a)-(c)
-    and the envelope's ramp test (``kv``: mean KV usage over engines).
+    and the envelope's ramp test (``kv``: mean KV usage over engines). ``shared=False``: the
+    window's counters are read for tokens alone, not for every counter a report asks of the window
+    (:func:`analyzer.latency.counter_increases`).
 
     ``rollup`` reads the per-minute ``*_1m`` tables (``bin_s`` should then be a multiple of 60);
     ``None`` chooses by the window's length (:func:`analyzer.latency.rollup_for`).
@@ -213,6 +216,7 @@ def load_bins(
         bin_s=th.bin_s,
         lookback_s=th.counter_lookback_s,
         rollup=rollup,
+        shared=shared,
     ).select("bin", (pl.col("increase") / th.bin_s).alias("tokens_per_s"))
     q = binned_quantiles(
         con, start_ns, end_ns, th.bin_s, keys=keys, concepts=["itl_seconds"], qs=(0.5, 0.99), rollup=rollup
@@ -383,24 +387,38 @@ def _catalog_capability(dep: Deployment) -> float | None:
 
 
 def cp_from_store(
-    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, th: Thresholds
+    con: duckdb.DuckDBPyConnection,
+    dep: Deployment,
+    start_ns: int,
+    end_ns: int,
+    th: Thresholds,
+    *,
+    shared: bool = True,
 ) -> CpFit:
-    """Rules 2-4 on the deployment's own per-bin history: running vs tokens/s per GPU, ITL p99."""
-    bins = history_bins(con, dep, start_ns, end_ns, th)
+    """Rules 2-4 on the deployment's own per-bin history: running vs tokens/s per GPU, ITL p99.
+    ``shared=False``: the history's counters are read for tokens alone (:func:`load_bins`)."""
+    bins = history_bins(con, dep, start_ns, end_ns, th, shared=shared)
     per_gpu = bins["tokens_per_s"] / max(dep.n_gpus, 1)
     lat = bins["itl_p99_s"].fill_null(float("nan")) if "itl_p99_s" in bins.columns else None
     return fit_cp(bins["running"].to_list(), per_gpu.to_list(), None if lat is None else lat.to_list(), th)
 
 
 def history_bins(
-    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, th: Thresholds
+    con: duckdb.DuckDBPyConnection,
+    dep: Deployment,
+    start_ns: int,
+    end_ns: int,
+    th: Thresholds,
+    *,
+    shared: bool = True,
 ) -> pl.DataFrame:
     """The :func:`load_bins` Cp is fitted on: rows with both running and tokens/s.
 
     Spans over an hour read the per-minute rollups when the store has them (latency rule 6).
     """
     rollup = rollup_for(con, start_ns, end_ns)
-    return load_bins(con, dep, start_ns, end_ns, th, rollup=rollup).drop_nulls(["running", "tokens_per_s"])
+    got = load_bins(con, dep, start_ns, end_ns, th, rollup=rollup, shared=shared)
+    return got.drop_nulls(["running", "tokens_per_s"])
 
 
 def headroom(

@@ -1089,8 +1089,10 @@ def analyze_deployment(
     from analyzer.crossover import cp_from_store, headroom
 
     th = th or Thresholds()
-    # Cp's history first: inside one report the window's gauge bins are its last bins (crossover)
-    cp = cp_from_store(con, dep, max(end_ns - int(history_s * NS), 0), end_ns, th)
+    # Cp's history first: inside one report the window's gauge bins are its last bins (crossover);
+    # its counters are the window's only when it is the window
+    history_ns = max(end_ns - int(history_s * NS), 0)
+    cp = cp_from_store(con, dep, history_ns, end_ns, th, shared=history_ns == start_ns)
     sig = gather(
         con, dep, start_ns, end_ns, th, network_evidence=network_evidence, expected_latency=expected_latency
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from test_regression_axes import T0, Phase, build
+from test_regression_axes import SOURCE, T0, Phase, build
 
 from analyzer.deployments import list_deployments
 from analyzer.latency import rollup_for, shared_reads
@@ -41,10 +41,31 @@ def _gpu_rows() -> list[dict[str, object]]:
     return rows
 
 
+def _tokens() -> list[dict[str, object]]:
+    """The engine's generated tokens: +50 every 5 s, the engine restarting (count from 0) at 2.5 h."""
+    ident = {
+        "source": SOURCE,
+        "engine": "0",
+        "model": "llama8b",
+        "dp_rank": -1,
+        "concept": "generation_tokens_total",
+    }
+    return [
+        {
+            **ident,
+            "ts_ns": T0 + k * 5 * NS,
+            "value": 50.0 * (k if k <= 1800 else k - 1800),
+            "rate_per_s": 10.0,
+        }
+        for k in range(1, HOURS * 720 + 1)
+    ]
+
+
 def five_hours() -> Store:
-    """The store described above, rolled up."""
+    """The store described above (with the engine's generated tokens), rolled up."""
     st = build([Phase(3 * 3600), Phase(HOURS * 3600 - 3 * 3600, kv=0.7)])
     st.write("gpu_samples", frame("gpu_samples", _gpu_rows()))
+    st.write("engine_samples", frame("engine_samples", _tokens()))
     st.maintain(now_ns=END + 60 * NS)
     return st
 

@@ -106,3 +106,22 @@ def test_rollup_rows_bounded_on_their_minutes_are_the_rows_of_the_window(
 
         want = rows(None)
         assert want and rows((lo, hi)) == want
+
+
+@pytest.mark.parametrize("rollup", [True, False])
+def test_a_history_read_for_tokens_alone_equals_the_shared_read(store: Store, rollup: bool) -> None:
+    """``load_bins(..., shared=False)`` (Cp's history under a shorter window: its counters read
+    for tokens alone) gives the same bins as the report's shared read of every counter, and as
+    the bins read outside a report."""
+    th = Thresholds(bin_s=60.0)
+    lo, hi = END - 4 * HOUR, END
+    with store.cursor() as cur:
+        dep = list_deployments(cur)[0]
+        alone = load_bins(cur, dep, lo, hi, th, rollup=rollup)
+        with shared_reads():
+            own = load_bins(cur, dep, lo, hi, th, rollup=rollup, shared=False)
+        with shared_reads():
+            every = load_bins(cur, dep, lo, hi, th, rollup=rollup)
+    assert alone["tokens_per_s"].null_count() < alone.height
+    assert_frame_equal(own, alone)
+    assert_frame_equal(every, alone)
