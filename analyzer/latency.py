@@ -76,6 +76,7 @@ import numpy as np
 import polars as pl
 
 from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, texts
+from analyzer.point_bins import binned_points
 
 HISTOGRAMS = (
     "ttft_seconds",
@@ -358,7 +359,8 @@ def _summed_increases(
     by the selection's lowest and highest ``series_id``: matching 5.6 M points of a 512-GPU
     window to their series one by one cost more than summing them, and where the points are
     packed by series (``collector.series``) every read of a packed hour scans all of it, so the
-    look-back is read in the same pass (a second read cost as much as the window's).
+    look-back is read in the same pass (a second read cost as much as the window's). Packed
+    points take their bin from their timestamp (:func:`analyzer.point_bins.binned_points`).
 
     ``window`` = (start ts, upper ts, bin width, lower ts) and ``ids`` = the selection's lowest and
     highest ``series_id`` (:func:`_series_range`) are SQL literals (a bound integer costs DuckDB's
@@ -366,7 +368,8 @@ def _summed_increases(
     (concepts unless ``every_concept``, keys)."""
     start, end, bin_ns, lower = (int(x) for x in window)
     m = -(-(start - lower) // bin_ns) + 1  # look-back bins: every dividend below is positive
-    lo, hi = (int(x) for x in ids)
+    bin_of = f"CAST((ts_ns - {start - m * bin_ns} - 1) // {bin_ns} AS BIGINT) - {m}"
+    points = binned_points(table, "increase", lower, end, bin_of, ids)
     concept = "true" if every_concept else f"list_contains({TEXTS}, concept)"
     cols = described.split(", ")
     out = ", ".join([cols[0], "bin", *cols[1:]])
@@ -374,10 +377,7 @@ def _summed_increases(
         WITH ser AS (
             SELECT series_id, {described} FROM {table}_series WHERE {concept}{where}
         ), p AS MATERIALIZED (
-            SELECT series_id, CAST((ts_ns - {start - m * bin_ns} - 1) // {bin_ns} AS BIGINT) - {m} AS bin,
-                   sum(increase) AS inc
-            FROM {table}_points WHERE ts_ns > {lower} AND ts_ns <= {end} AND series_id BETWEEN {lo} AND {hi}
-            GROUP BY ALL
+            SELECT series_id, bin, sum(increase) AS inc FROM {points} GROUP BY series_id, bin
         ), fresh AS (
             SELECT series_id FROM ser
             ANTI JOIN (SELECT series_id FROM p GROUP BY series_id HAVING min(bin) < 0) USING (series_id)

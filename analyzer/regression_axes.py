@@ -46,6 +46,7 @@ from analyzer.collectives import rank_waits
 from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
 from analyzer.latency import NS, counter_increases, in_shared_reads, reads_points, rollup_for, table_sql
 from analyzer.planner import span_filter
+from analyzer.point_bins import binned_points
 
 AXES = ("load", "context_length", "kv_pressure", "fabric_bytes", "clocks", "straggler_share")
 GAUGE_AXES = ("kv_pressure", "fabric_bytes", "clocks")  # sums and counts of samples per bin: additive
@@ -278,13 +279,17 @@ def _kv_rows(
 ) -> list[tuple[int, float, float]]:
     """Per bin, the sum and count of the deployment's ``kv_usage_ratio`` samples. On the series
     layout (raw rows) the series are chosen first and only their points read (latency rule 7)."""
-    if not rollup and has_points(con, "engine_samples"):
-        source = f"""engine_samples_points WHERE series_id IN (
-            SELECT series_id FROM engine_samples_series WHERE concept = 'kv_usage_ratio'
-              AND list_contains({TEXTS}, {ENGINE_KEY_SQL}))"""
-    else:
-        source = f"""{table_sql("engine_gauges", rollup, (lo, hi))} WHERE concept = 'kv_usage_ratio'
-              AND list_contains({TEXTS}, {ENGINE_KEY_SQL})"""
+    if not rollup and has_points(con, "engine_samples"):  # bins from T_times (analyzer.point_bins)
+        bin_of = f"({int(-lo - 1)} + ts_ns) // {int(bin_ns)}"
+        points = binned_points("engine_samples", "value", lo, hi, bin_of)
+        return con.execute(
+            f"""SELECT bin AS b, sum(value), count(value) FROM {points} WHERE series_id IN (
+                   SELECT series_id FROM engine_samples_series WHERE concept = 'kv_usage_ratio'
+                     AND list_contains({TEXTS}, {ENGINE_KEY_SQL})) GROUP BY b""",
+            [texts(dep.engine_keys)],
+        ).fetchall()
+    source = f"""{table_sql("engine_gauges", rollup, (lo, hi))} WHERE concept = 'kv_usage_ratio'
+          AND list_contains({TEXTS}, {ENGINE_KEY_SQL})"""
     return con.execute(
         f"""SELECT (ts_ns - {int(lo)} - 1) // {int(bin_ns)} AS b, sum(value), count(value) FROM {source}
               AND ts_ns > {int(lo)} AND ts_ns <= {int(hi)} GROUP BY b""",
@@ -306,14 +311,20 @@ def _gpu_rows(
     aggregates = """sum(value) FILTER (WHERE link), count(DISTINCT ts_ns) FILTER (WHERE link),
                     sum(value) FILTER (WHERE clock), count(value) FILTER (WHERE clock)"""
     if not rollup and has_points(con, "gpu_samples"):
+        # bins from the timestamps (analyzer.point_bins); the sums of each sample time and class
+        # first, so the link sample times are counted as groups, not a DISTINCT over the points:
+        # 512 GPUs' 30 minutes (1.8 M points) 0.30 -> 0.15 s (medians of 7, load 3.4)
+        points = binned_points("gpu_samples", "value", lo, hi, f"({int(-lo - 1)} + ts_ns) // {int(bin_ns)}")
         sql = f"""
             WITH s AS (
                 SELECT series_id, {_LINK} AS link, {_CLOCK} AS clock FROM gpu_samples_series
                 WHERE list_contains({TEXTS}, uuid) AND (({_LINK}) OR {_CLOCK})
             )
-            SELECT (ts_ns - {lo} - 1) // {bin_ns} AS b, {aggregates}
-            FROM gpu_samples_points JOIN s USING (series_id)
-            WHERE ts_ns > {lo} AND ts_ns <= {hi} GROUP BY b"""
+            SELECT bin AS b, sum(v) FILTER (WHERE link), count(*) FILTER (WHERE link),
+                   sum(v) FILTER (WHERE NOT link), sum(n) FILTER (WHERE NOT link) FROM (
+                SELECT bin, ts_ns, link, sum(value) AS v, count(value) AS n
+                FROM {points} JOIN s USING (series_id) GROUP BY bin, ts_ns, link
+            ) GROUP BY b"""
         return con.execute(sql, [texts(dep.gpu_uuids)]).fetchall()
     sql = f"""
         SELECT (ts_ns - {lo} - 1) // {bin_ns} AS b, {aggregates}
