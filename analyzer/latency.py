@@ -37,7 +37,9 @@ Rules:
  8. Inside :func:`shared_reads` (one report), an increase statement asked again with the same
     connection, window, series, concepts, bins, look-back and source answers from its first
     run: a report reads its window's histograms for the envelope and again for the regression,
-    and a 24 h window's 60 s bins for the envelope's ramp test and again for Cp.
+    and a 24 h window's 60 s bins for the envelope's ramp test and again for Cp. The catalog
+    (which relations rules 7, 9 and 11 may read) and the per-bin quantiles of the same bins are
+    asked once as well.
  9. Where the points also keep each point's increase (a store file at schema 5:
     :mod:`collector.increases`), a window's increase is a plain sum of the stored increases of its
     points, per series and bin, with no ``lag`` (no sort): each series' first point in the read
