@@ -105,6 +105,11 @@ CHUNKS_NS = (300 * 1_000_000_000, 900 * 1_000_000_000)
 CHUNK_ROWS = 2 * 122_880
 
 
+def chunked_points() -> int:
+    """The fewest points of a slice that rule 5 sorts by a chunk shorter than the slice."""
+    return CHUNK_ROWS * (SLICE_NS // max(CHUNKS_NS))
+
+
 def recent_name(table: str) -> str:
     return f"{table}_recent"
 

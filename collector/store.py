@@ -350,13 +350,16 @@ class Store(RowCounts):
 
     def _chunk_slices(self) -> None:
         """Schema 7 in a store file (collector.series rule 7): every packed slice packed again, a
-        slice a transaction (Store.pack rule 2), so its rows are sorted by time chunk."""
+        slice a transaction (Store.pack rule 2), so its rows are sorted by time chunk. A slice of
+        fewer points than any chunk needs (:func:`collector.series.chunked_points`: one node's hour) is
+        one chunk, stored in that order already, and is left as it is."""
         for name, spec in TABLES.items():
             if not spec.values:
                 continue
             slices = self.con.execute(
-                f"SELECT DISTINCT ts_ns // {series.SLICE_NS} AS k FROM {series.times_name(name)} "
-                "WHERE ts_ns >= 0 ORDER BY k"
+                f"SELECT t.ts_ns // {series.SLICE_NS} AS k FROM {series.packed_name(name)} AS p "
+                f"JOIN {series.times_name(name)} AS t USING (tix) WHERE t.ts_ns >= 0 "
+                f"GROUP BY k HAVING count(*) >= {series.chunked_points()} ORDER BY k"
             ).fetchall()
             if slices:
                 log.info("store %s: sorting %d packed slices of %s by chunk", self.path, len(slices), name)

@@ -158,6 +158,27 @@ def test_a_file_packed_in_whole_slice_runs_is_packed_in_chunks_when_opened(
         assert store.con.execute("SELECT count(*) FROM gpu_samples_recent").fetchone() == (0,)
 
 
+def test_a_small_slice_of_an_older_file_is_left_as_it_is_when_opened(tmp_path: Path) -> None:
+    """Rule 7: a schema-6 file whose packed hour is under any chunk's points (200 series every
+    5 s: 144,000) is stored in rule 5's order already; opening it for writing stamps schema 7
+    without packing the slice again (the late point stays recent for the next pass) and every
+    row reads the same."""
+    path = tmp_path / "v6.duckdb"
+    with Store(path) as store:
+        store.write_closed("gpu_samples", _hour(200, 5))
+    con = duckdb.connect(str(path))
+    con.execute(f"INSERT INTO gpu_samples_recent VALUES ({BASE + 7 * NS + NS // 2}, 5, 0.5)")
+    con.execute(f"UPDATE ioe_schema SET version = {SCHEMA_VERSION - 1}")
+    con.close()
+    with Store(path, read_only=True) as reader:
+        before = _snapshot(reader)
+    assert len(before["gpu_samples"]) == 144_001 < series.chunked_points()
+    with Store(path) as store:
+        assert store.schema_version() == SCHEMA_VERSION
+        assert _snapshot(store) == before
+        assert store.con.execute("SELECT count(*) FROM gpu_samples_recent").fetchone() == (1,)
+
+
 @pytest.fixture(scope="module")
 def reports() -> tuple[dict[str, object], dict[str, object]]:
     """The API store's report read from its time-ordered points (T_recent), then again once every
