@@ -352,10 +352,12 @@ def _gpu_means(
     if kept is not None:  # the load bins' GPU sums of this window (crossover._series_bins)
         per_gpu = (
             kept.filter(pl.col("metric").is_in(GPU_METRICS))
-            .group_by("uuid", "metric")
+            .group_by("uuid", "metric", maintain_order=True)
             .agg(pl.when(pl.col("n").sum() > 0).then(pl.col("v").sum() / pl.col("n").sum()).alias("v"))
         )
-        got = per_gpu.group_by("metric").agg(pl.col("v").mean().alias("mean"), pl.col("v").max().alias("top"))
+        got = per_gpu.group_by("metric", maintain_order=True).agg(
+            pl.col("v").mean().alias("mean"), pl.col("v").max().alias("top")
+        )
         rows = list(got.iter_rows())
     elif reads_points(con, "gpu_samples", rollup):  # the selected GPUs' series, their points summed first
         rows = con.execute(
@@ -397,11 +399,11 @@ def _engine_window(
         n = pl.col("n").sum()
         per_engine = (
             kept.filter(pl.col("concept").is_in(GAUGES))
-            .group_by("k", "concept")
+            .group_by("k", "concept", maintain_order=True)
             .agg(pl.when(n > 0).then(pl.col("v").sum() / n).alias("v"))
         )
         v = pl.col("v")
-        got = per_engine.group_by("concept").agg(
+        got = per_engine.group_by("concept", maintain_order=True).agg(
             pl.when(v.count() > 0).then(v.sum()).alias("total"), v.max().alias("top"), pl.len().alias("n")
         )
         rows = list(got.iter_rows())

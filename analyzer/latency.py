@@ -78,7 +78,7 @@ import numpy as np
 import polars as pl
 
 from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, texts
-from analyzer.point_bins import binned_points
+from analyzer.point_bins import EXACT_DIGITS, binned_points, exact_double, exact_sum
 
 HISTOGRAMS = (
     "ttft_seconds",
@@ -375,23 +375,26 @@ def _summed_increases(
     concept = "true" if every_concept else f"concept {IN_TEXTS}"
     cols = described.split(", ")
     out = ", ".join([cols[0], "bin", *cols[1:]])
+    # exact integer sums (analyzer.point_bins.exact_sum): the same in any order DuckDB adds them
+    total = exact_double(
+        "sum(CASE WHEN f.series_id IS NULL THEN p.inc ELSE coalesce(p.inc, 0) - coalesce(f.inc0, 0) END)"
+    )
     return f"""
         WITH ser AS (
             SELECT series_id, {described} FROM {table}_series WHERE {concept}{where}
         ), p AS MATERIALIZED (
-            SELECT series_id, bin, sum(increase) AS inc FROM {points} GROUP BY series_id, bin
+            SELECT series_id, bin, {exact_sum("increase")} AS inc FROM {points} GROUP BY series_id, bin
         ), fresh AS (
             SELECT series_id FROM ser
             ANTI JOIN (SELECT series_id FROM p GROUP BY series_id HAVING min(bin) < 0) USING (series_id)
         ), f AS (
             SELECT series_id, CAST((min(ts_ns) - {start} - 1) // {bin_ns} AS BIGINT) AS bin,
-                   arg_min_null(increase, ts_ns) AS inc0
+                   TRY_CAST(round(arg_min_null(increase, ts_ns) * 1e{EXACT_DIGITS}) AS HUGEINT) AS inc0
             FROM {table}_points
             WHERE series_id IN (SELECT series_id FROM fresh) AND ts_ns > {start} AND ts_ns <= {end}
             GROUP BY series_id
         )
-        SELECT {out}, sum(CASE WHEN f.series_id IS NULL THEN p.inc
-                               ELSE coalesce(p.inc, 0) - coalesce(f.inc0, 0) END) AS {name}
+        SELECT {out}, {total} AS {name}
         FROM p LEFT JOIN f USING (series_id, bin) JOIN ser USING (series_id) WHERE p.bin >= 0
         GROUP BY ALL ORDER BY {out}"""
 

@@ -38,3 +38,29 @@ def binned_points(
             JOIN (SELECT tix, ts_ns, {bin_of} AS bin FROM {times_name(table)} WHERE {window}) AS t
             USING (tix){packed}
         )"""
+
+
+# Sums of doubles are not reproducible in DuckDB: its threads add partial sums in an order that
+# varies run to run and with the thread count, so the last bits of a sum vary, and a verdict
+# that compares fitted numbers with a threshold (the Cp hinge fit, the argmin over its grid)
+# could flip. Each addend is rounded to a multiple of 10^-EXACT_DIGITS and summed as a HUGEINT:
+# integer sums are exact, so the same in any order (values up to ~10^26; a NaN or infinite
+# value, which has no integer, counts as NULL).
+EXACT_DIGITS = 12
+
+
+def exact_sum(expr: str) -> str:
+    """SQL: the exact sum of ``expr`` in units of 10^-EXACT_DIGITS (a HUGEINT; :func:`exact_double`
+    turns it back)."""
+    return f"sum(TRY_CAST(round(({expr}) * 1e{EXACT_DIGITS}) AS HUGEINT))"
+
+
+def exact_double(expr: str) -> str:
+    """SQL: an :func:`exact_sum` (or a sum of them) as a DOUBLE."""
+    return f"(CAST({expr} AS DOUBLE) / 1e{EXACT_DIGITS})"
+
+
+def exact_avg(expr: str) -> str:
+    """SQL: the mean of ``expr`` from its :func:`exact_sum` (NULL where no value counts)."""
+    counted = f"count(TRY_CAST(round(({expr}) * 1e{EXACT_DIGITS}) AS HUGEINT))"
+    return f"({exact_double(exact_sum(expr))} / nullif({counted}, 0))"
