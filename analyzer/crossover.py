@@ -55,7 +55,7 @@ from analyzer.critical_path import RANK_SHARE_SQL, rank_share_params
 from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, Deployment, texts
 from analyzer.latency import NS, binned_quantiles, counter_increases, reads_points, rollup_for, table_sql
 from analyzer.latency import report_memo as latency_memo
-from analyzer.point_bins import binned_points, exact_avg, exact_double, exact_sum
+from analyzer.point_bins import binned_points, exact_avg, exact_double, exact_mean, exact_sum, exact_total
 from analyzer.thresholds import Thresholds
 
 DRAM_PRACTICAL_CEILING = 0.8  # REFERENCE §1
@@ -271,12 +271,13 @@ def _running_bins(
         )
         n = pl.col("n").sum()
         per_engine = got.group_by("bin", "k", "concept", maintain_order=True).agg(
-            pl.when(n > 0).then(pl.col("v").sum() / n).alias("v")
+            pl.when(n > 0).then(exact_total(pl.col("v")) / n).alias("v")
         )
         running = pl.col("v").filter(pl.col("concept") == "requests_running")
         kv = pl.col("v").filter(pl.col("concept") == "kv_usage_ratio")
         got = per_engine.group_by("bin", maintain_order=True).agg(
-            pl.when(running.count() > 0).then(running.sum()).alias("running"), kv.mean().alias("kv")
+            pl.when(running.count() > 0).then(exact_total(running)).alias("running"),
+            exact_mean(kv).alias("kv"),
         )
         return got.cast({"bin": pl.Int64, "running": pl.Float64, "kv": pl.Float64})
     return con.execute(  # the numbers as SQL literals (a bound integer costs the client a search for pandas)
@@ -374,7 +375,7 @@ def _ratio(metric: str) -> pl.Expr:
     """sum(v) / sum(n) of ``metric``'s rows, NULL where it has no counted value (as SQL's)."""
     of = pl.col("metric") == metric
     v, n = pl.col("v").filter(of), pl.col("n").filter(of)
-    return pl.when(n.sum() > 0).then(v.sum() / n.sum()).otherwise(None).alias(metric)
+    return pl.when(n.sum() > 0).then(exact_total(v) / n.sum()).otherwise(None).alias(metric)
 
 
 def _gpu_bins(
