@@ -116,7 +116,13 @@ def _reached(fit: tuple[float, float, float, float] | None, th: Thresholds) -> b
 
 
 def _collapse(c: Sequence[float], v: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted unique log2 concurrency and mean log2 value (repeated points averaged)."""
+    """Sorted unique log2 concurrency and mean log2 value (repeated points averaged).
+
+    Which points are repeated and which group a point falls in (its position against the group
+    edges) are exact comparisons: a last-bit change of one concurrency (a float sum added in
+    another order) moved points between groups, the fitted curve by up to 4 % and the latency
+    knee from 32 to 34 (16 GPUs, threads=1 against 4). The per-bin inputs are therefore exact
+    sums (:func:`analyzer.point_bins.exact_sum`), the same in every run."""
     cc, vv = np.asarray(c, dtype=float), np.asarray(v, dtype=float)
     ok = (cc > 0) & (vv > 0) & np.isfinite(cc) & np.isfinite(vv)
     lx, ly = np.log2(cc[ok]), np.log2(vv[ok])

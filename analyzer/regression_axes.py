@@ -46,7 +46,7 @@ from analyzer.collectives import rank_waits
 from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, Deployment, texts
 from analyzer.latency import NS, counter_increases, in_shared_reads, reads_points, rollup_for, table_sql
 from analyzer.planner import span_filter
-from analyzer.point_bins import binned_points, exact_double, exact_sum
+from analyzer.point_bins import binned_points, exact_double, exact_sum, exact_total
 
 AXES = ("load", "context_length", "kv_pressure", "fabric_bytes", "clocks", "straggler_share")
 GAUGE_AXES = ("kv_pressure", "fabric_bytes", "clocks")  # sums and counts of samples per bin: additive
@@ -358,7 +358,7 @@ def _waits(con: duckdb.DuckDBPyConnection, comm_ids: list[str], lo: int, hi: int
     if waits.height == 0:
         return pl.DataFrame()
     return waits.group_by(["origin", "comm_id", "coll_sn"]).agg(
-        pl.col("t_us").min(), pl.col("last_rank").first(), pl.col("wait_us").sum().alias("blame_us")
+        pl.col("t_us").min(), pl.col("last_rank").first(), exact_total(pl.col("wait_us")).alias("blame_us")
     )
 
 
@@ -371,7 +371,7 @@ def _most_blamed(con: duckdb.DuckDBPyConnection, dep: Deployment, lo: int, hi: i
         return None
     top = (
         inst.group_by(["comm_id", "last_rank"])
-        .agg(pl.col("blame_us").sum())
+        .agg(exact_total(pl.col("blame_us")))
         .sort("blame_us", descending=True)
     )
     if not top.height or not (top["blame_us"][0] or 0) > 0:
@@ -388,8 +388,8 @@ def _blame_rows(
         return []
     binned = inst.with_columns(((pl.col("t_us") * 1000 - lo - 1) // bin_ns).cast(pl.Int64).alias("b"))
     agg = binned.group_by("b").agg(
-        pl.col("blame_us").filter(pl.col("last_rank") == target[1]).sum().alias("mine"),
-        pl.col("blame_us").sum().alias("all"),
+        exact_total(pl.col("blame_us").filter(pl.col("last_rank") == target[1])).alias("mine"),
+        exact_total(pl.col("blame_us")).alias("all"),
     )
     return [
         (int(b), float(m or 0.0), float(a or 0.0)) for b, m, a in agg.select("b", "mine", "all").iter_rows()
