@@ -55,7 +55,7 @@ from analyzer.critical_path import RANK_SHARE_SQL, rank_share_params
 from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, Deployment, texts
 from analyzer.latency import NS, binned_quantiles, counter_increases, reads_points, rollup_for, table_sql
 from analyzer.latency import report_memo as latency_memo
-from analyzer.point_bins import binned_points, exact_avg, exact_double, exact_mean, exact_sum, exact_total
+from analyzer.point_bins import binned_points, exact_avg, exact_mean, exact_sum, exact_total
 from analyzer.thresholds import Thresholds
 
 DRAM_PRACTICAL_CEILING = 0.8  # REFERENCE §1
@@ -265,8 +265,8 @@ def _running_bins(
     """Per bin: requests running summed over engines and KV usage averaged over them, each
     engine's value its mean over the bin (``bin, running, kv``)."""
     # exact sums and means (analyzer.point_bins.exact_sum): the same in any order DuckDB adds them
-    running_sum = exact_double(f"{exact_sum('v')} FILTER (WHERE concept = 'requests_running')")
-    kv_sum = exact_double(f"{exact_sum('v')} FILTER (WHERE concept = 'kv_usage_ratio')")
+    running_sum = exact_sum("v", "concept = 'requests_running'")
+    kv_sum = exact_sum("v", "concept = 'kv_usage_ratio'")
     kv_n = "nullif(count(v) FILTER (WHERE concept = 'kv_usage_ratio'), 0)"
     outer = f"SELECT b AS bin, {running_sum} AS running, {kv_sum} / {kv_n} AS kv"
     if reads_points(con, "engine_samples", rollup):
@@ -329,7 +329,7 @@ def _series_bins(
     bin_of = f"CAST(({int(-start_ns - 1)} + ts_ns) // {int(bin_ns)} AS BIGINT)"
     points = binned_points(table, "value", start_ns, end_ns, bin_of)
     sql = f"""WITH s AS (SELECT series_id, {described} FROM {table}_series WHERE {where})
-              SELECT s.* EXCLUDE (series_id), bin, {exact_double("v")} AS v, n
+              SELECT s.* EXCLUDE (series_id), bin, v, n
               FROM (SELECT series_id, bin, {exact_sum("value")} AS v, count(value) AS n FROM {points}
                     GROUP BY series_id, bin)
               JOIN s USING (series_id) ORDER BY series_id, bin"""
@@ -399,9 +399,9 @@ def _gpu_bins(
         return got.cast({"bin": pl.Int64, "sm": pl.Float64, "dram": pl.Float64})
     got = con.execute(  # the numbers as SQL literals (a bound integer costs the client a search for pandas)
         f"""SELECT CAST((ts_ns - {start_ns} - 1) // {bin_ns} AS BIGINT) AS bin,
-                  {exact_double(exact_sum("CASE WHEN metric = 'sm_active_ratio' THEN value END"))}
+                  {exact_sum("value", "metric = 'sm_active_ratio'")}
                     / nullif(count(value) FILTER (WHERE metric = 'sm_active_ratio'), 0) AS sm,
-                  {exact_double(exact_sum("CASE WHEN metric = 'dram_active_ratio' THEN value END"))}
+                  {exact_sum("value", "metric = 'dram_active_ratio'")}
                     / nullif(count(value) FILTER (WHERE metric = 'dram_active_ratio'), 0) AS dram
            FROM {table_sql("gpu_samples", rollup, (start_ns, end_ns))}
            WHERE ts_ns > {start_ns} AND ts_ns <= {end_ns}

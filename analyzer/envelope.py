@@ -109,7 +109,7 @@ from analyzer.latency import (
     window_means,
     window_quantiles,
 )
-from analyzer.point_bins import exact_avg, exact_double, exact_mean, exact_sum, exact_total
+from analyzer.point_bins import exact_avg, exact_mean, exact_sum, exact_total
 from analyzer.thresholds import Thresholds
 
 ZONES = ("compute", "hbm_bandwidth", "kv_capacity", "network")
@@ -365,7 +365,7 @@ def _gpu_means(
             f"""WITH s AS (SELECT series_id, uuid, metric FROM gpu_samples_series
                            WHERE uuid {IN_TEXTS} AND metric {IN_TEXTS})
                 SELECT metric, {exact_avg("v")}, max(v) FROM (
-                   SELECT uuid, metric, {exact_double("sum(v)")} / sum(n) AS v
+                   SELECT uuid, metric, {exact_sum("v")} / sum(n) AS v
                    FROM {per_series_means("gpu_samples")} JOIN s USING (series_id) GROUP BY ALL)
                 GROUP BY metric""",
             [texts(dep.gpu_uuids), texts(GPU_METRICS), start_ns, end_ns],
@@ -414,8 +414,8 @@ def _engine_window(
         rows = con.execute(
             f"""WITH s AS (SELECT series_id, {ENGINE_KEY_SQL} AS k, concept FROM engine_samples_series
                            WHERE concept {IN_TEXTS} AND {ENGINE_KEY_SQL} {IN_TEXTS})
-                SELECT concept, {exact_double(exact_sum("v"))}, max(v), count(*) FROM (
-                   SELECT k, concept, {exact_double("sum(v)")} / sum(n) AS v
+                SELECT concept, {exact_sum("v")}, max(v), count(*) FROM (
+                   SELECT k, concept, {exact_sum("v")} / sum(n) AS v
                    FROM {per_series_means("engine_samples")} JOIN s USING (series_id) GROUP BY ALL)
                 GROUP BY concept""",
             [texts(GAUGES), texts(keys), start_ns, end_ns],
@@ -423,7 +423,7 @@ def _engine_window(
     else:
         gauges = table_sql("engine_gauges", rollup, (start_ns, end_ns))
         rows = con.execute(
-            f"""SELECT concept, {exact_double(exact_sum("v"))}, max(v), count(*) FROM (
+            f"""SELECT concept, {exact_sum("v")}, max(v), count(*) FROM (
                    SELECT {ENGINE_KEY_SQL} AS k, concept, {exact_avg("value")} AS v FROM {gauges}
                    WHERE ts_ns > ? AND ts_ns <= ? AND concept {IN_TEXTS}
                      AND {ENGINE_KEY_SQL} {IN_TEXTS} GROUP BY ALL) GROUP BY concept""",

@@ -46,7 +46,7 @@ from analyzer.collectives import rank_waits
 from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, Deployment, texts
 from analyzer.latency import NS, counter_increases, in_shared_reads, reads_points, rollup_for, table_sql
 from analyzer.planner import span_filter
-from analyzer.point_bins import binned_points, exact_double, exact_sum, exact_total
+from analyzer.point_bins import binned_points, exact_sum, exact_total
 
 AXES = ("load", "context_length", "kv_pressure", "fabric_bytes", "clocks", "straggler_share")
 GAUGE_AXES = ("kv_pressure", "fabric_bytes", "clocks")  # sums and counts of samples per bin: additive
@@ -274,7 +274,7 @@ def has_points(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     return reads_points(con, table)
 
 
-_SUM = exact_double(exact_sum("value"))  # exact (analyzer.point_bins.exact_sum): the same in any order
+_SUM = exact_sum("value")  # exact (analyzer.point_bins.exact_sum): the same in any order
 
 
 def _kv_rows(
@@ -312,8 +312,7 @@ def _gpu_rows(
     those metrics' series are read, their metric class decided once per series."""
     lo, hi, bin_ns = int(lo), int(hi), int(bin_ns)  # SQL literals: a bound number costs a search for pandas
     # exact sums (analyzer.point_bins.exact_sum): the same in any order DuckDB adds them
-    link_sum = exact_double(f"{exact_sum('value')} FILTER (WHERE link)")
-    clock_sum = exact_double(f"{exact_sum('value')} FILTER (WHERE clock)")
+    link_sum, clock_sum = exact_sum("value", "link"), exact_sum("value", "clock")
     aggregates = f"""{link_sum}, count(DISTINCT ts_ns) FILTER (WHERE link),
                     {clock_sum}, count(value) FILTER (WHERE clock)"""
     if not rollup and has_points(con, "gpu_samples"):
@@ -326,8 +325,8 @@ def _gpu_rows(
                 SELECT series_id, {_LINK} AS link, {_CLOCK} AS clock FROM gpu_samples_series
                 WHERE uuid {IN_TEXTS} AND (({_LINK}) OR {_CLOCK})
             )
-            SELECT bin AS b, {exact_double("sum(v) FILTER (WHERE link)")}, count(*) FILTER (WHERE link),
-                   {exact_double("sum(v) FILTER (WHERE NOT link)")}, sum(n) FILTER (WHERE NOT link) FROM (
+            SELECT bin AS b, {exact_sum("v", "link")}, count(*) FILTER (WHERE link),
+                   {exact_sum("v", "NOT link")}, sum(n) FILTER (WHERE NOT link) FROM (
                 SELECT bin, ts_ns, link, {exact_sum("value")} AS v, count(value) AS n
                 FROM {points} JOIN s USING (series_id) GROUP BY bin, ts_ns, link
             ) GROUP BY b"""
