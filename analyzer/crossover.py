@@ -53,7 +53,9 @@ import polars as pl
 from analyzer import catalog
 from analyzer.critical_path import RANK_SHARE_SQL, rank_share_params
 from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
-from analyzer.latency import NS, binned_quantiles, counter_increases, rollup_for, table_sql
+from analyzer.latency import NS, binned_quantiles, counter_increases, reads_points, rollup_for, table_sql
+from analyzer.latency import report_memo as latency_memo
+from analyzer.point_bins import binned_points
 from analyzer.thresholds import Thresholds
 
 DRAM_PRACTICAL_CEILING = 0.8  # REFERENCE §1
@@ -191,9 +193,12 @@ def load_bins(
     th: Thresholds,
     *,
     rollup: bool | None = None,
+    shared: bool = True,
 ) -> pl.DataFrame:
     """Per-bin ``[bin, running, kv, tokens_per_s, itl_p50_s, itl_p99_s, sm, dram]`` for rule 6 (a)-(c)
-    and the envelope's ramp test (``kv``: mean KV usage over engines).
+    and the envelope's ramp test (``kv``: mean KV usage over engines). ``shared=False``: the
+    window's counters are read for tokens alone, not for every counter a report asks of the window
+    (:func:`analyzer.latency.counter_increases`).
 
     ``rollup`` reads the per-minute ``*_1m`` tables (``bin_s`` should then be a multiple of 60);
     ``None`` chooses by the window's length (:func:`analyzer.latency.rollup_for`).
@@ -202,16 +207,7 @@ def load_bins(
 
     bin_ns = int(th.bin_s * NS)
     keys = list(dep.engine_keys)
-    run = con.execute(
-        f"""SELECT b AS bin, sum(v) FILTER (WHERE concept = 'requests_running') AS running,
-                  avg(v) FILTER (WHERE concept = 'kv_usage_ratio') AS kv FROM (
-               SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS b, {ENGINE_KEY_SQL} AS k, concept,
-                      avg(value) AS v
-               FROM {table_sql("engine_gauges", rollup)} WHERE ts_ns > ? AND ts_ns <= ?
-                 AND concept IN ('requests_running', 'kv_usage_ratio')
-                 AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY b""",
-        [start_ns, bin_ns, start_ns, end_ns, texts(keys)],
-    ).pl()
+    run, gpu = _gauge_bins(con, dep, start_ns, end_ns, bin_ns, rollup)
     tok = counter_increases(
         con,
         start_ns,
@@ -221,6 +217,7 @@ def load_bins(
         bin_s=th.bin_s,
         lookback_s=th.counter_lookback_s,
         rollup=rollup,
+        shared=shared,
     ).select("bin", (pl.col("increase") / th.bin_s).alias("tokens_per_s"))
     q = binned_quantiles(
         con, start_ns, end_ns, th.bin_s, keys=keys, concepts=["itl_seconds"], qs=(0.5, 0.99), rollup=rollup
@@ -228,20 +225,100 @@ def load_bins(
     itl = q.pivot(on="q", index="bin", values="value_s") if q.height else pl.DataFrame({"bin": []})
     itl = itl.rename({c: f"itl_p{round(float(c) * 100)}_s" for c in itl.columns if c != "bin"})
     out = run.join(tok, on="bin", how="left").join(itl.cast({"bin": pl.Int64}), on="bin", how="left")
-    return out.join(_gpu_bins(con, dep, start_ns, end_ns, bin_ns, rollup), on="bin", how="left").sort("bin")
+    return out.join(gpu, on="bin", how="left").sort("bin")
+
+
+def _gauge_bins(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, bin_ns: int, rollup: bool
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """:func:`load_bins`' gauge means per bin, ``[bin, running, kv]`` and ``[bin, sm, dram]``.
+
+    A bin's means depend on the samples in it alone (no look-back, no first sample), so inside one
+    report (:func:`analyzer.latency.shared_reads`) a window whose bins are bins of a window read
+    before (the same rows: raw or rollups, the same deployment; its start on their edges, its end
+    the same or on an edge too) takes them from it: the 6 h and 24 h windows' bins are the last
+    bins of the 24 h history that Cp is fitted on, read first."""
+    memo = latency_memo("load_bins gauges")
+    key = (id(con), dep.engine_keys, dep.gpu_uuids, bin_ns, rollup)
+    for (k, s0, s1), (run, gpu) in (memo or {}).items():
+        on_edges = (start_ns - s0) % bin_ns == 0 and (end_ns == s1 or (end_ns - s0) % bin_ns == 0)
+        if k == key and s0 <= start_ns and end_ns <= s1 and on_edges:
+            k0, n = (start_ns - s0) // bin_ns, -(-(end_ns - start_ns) // bin_ns)
+            part = (pl.col("bin") >= k0) & (pl.col("bin") < k0 + n)
+            return tuple(f.filter(part).with_columns(pl.col("bin") - k0) for f in (run, gpu))  # type: ignore[return-value]
+    run = _running_bins(con, list(dep.engine_keys), start_ns, end_ns, bin_ns, rollup)
+    gpu = _gpu_bins(con, dep, start_ns, end_ns, bin_ns, rollup)
+    if memo is not None:
+        memo[(key, start_ns, end_ns)] = (run, gpu)
+    return run, gpu
+
+
+def _running_bins(
+    con: duckdb.DuckDBPyConnection, keys: list[str], start_ns: int, end_ns: int, bin_ns: int, rollup: bool
+) -> pl.DataFrame:
+    """Per bin: requests running summed over engines and KV usage averaged over them, each
+    engine's value its mean over the bin (``bin, running, kv``)."""
+    outer = """SELECT b AS bin, sum(v) FILTER (WHERE concept = 'requests_running') AS running,
+                      avg(v) FILTER (WHERE concept = 'kv_usage_ratio') AS kv"""
+    if reads_points(con, "engine_samples", rollup):
+        # the selected series' points, bins from T_times (analyzer.point_bins), each engine's
+        # mean as a sum and count of its series' points (512 GPUs' 15 minutes: 1 M points)
+        bin_of = f"CAST(({int(-start_ns - 1)} + ts_ns) // {int(bin_ns)} AS BIGINT)"
+        points = binned_points("engine_samples", "value", start_ns, end_ns, bin_of)
+        return con.execute(
+            f"""WITH s AS (
+                   SELECT series_id, {ENGINE_KEY_SQL} AS k, concept FROM engine_samples_series
+                   WHERE concept IN ('requests_running', 'kv_usage_ratio')
+                     AND list_contains({TEXTS}, {ENGINE_KEY_SQL})
+               )
+               {outer} FROM (
+                   SELECT bin AS b, k, concept, sum(value) / nullif(count(value), 0) AS v
+                   FROM {points} JOIN s USING (series_id) GROUP BY bin, k, concept
+               ) GROUP BY b""",
+            [texts(keys)],
+        ).pl()
+    return con.execute(  # the numbers as SQL literals (a bound integer costs the client a search for pandas)
+        f"""{outer} FROM (
+               SELECT CAST((ts_ns - {start_ns} - 1) // {bin_ns} AS BIGINT) AS b, {ENGINE_KEY_SQL} AS k,
+                      concept, avg(value) AS v
+               FROM {table_sql("engine_gauges", rollup, (start_ns, end_ns))}
+               WHERE ts_ns > {start_ns} AND ts_ns <= {end_ns}
+                 AND concept IN ('requests_running', 'kv_usage_ratio')
+                 AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY b""",
+        [texts(keys)],
+    ).pl()
 
 
 def _gpu_bins(
     con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, bin_ns: int, rollup: bool
 ) -> pl.DataFrame:
-    got = con.execute(
-        f"""SELECT CAST((ts_ns - ? - 1) // ? AS BIGINT) AS bin,
+    if reads_points(con, "gpu_samples", rollup):
+        # the selected series' points, bins from the timestamps (analyzer.point_bins), summed per
+        # bin and metric before the means: 512 GPUs' 15 minutes 0.16 -> 0.10 s (medians of 7)
+        bin_of = f"CAST(({int(-start_ns - 1)} + ts_ns) // {int(bin_ns)} AS BIGINT)"
+        points = binned_points("gpu_samples", "value", start_ns, end_ns, bin_of)
+        got = con.execute(
+            f"""WITH s AS (
+                   SELECT series_id, metric = 'sm_active_ratio' AS sm FROM gpu_samples_series
+                   WHERE list_contains({TEXTS}, uuid) AND metric IN ('sm_active_ratio', 'dram_active_ratio')
+               )
+               SELECT bin, sum(v) FILTER (WHERE sm) / nullif(sum(n) FILTER (WHERE sm), 0) AS sm,
+                      sum(v) FILTER (WHERE NOT sm) / nullif(sum(n) FILTER (WHERE NOT sm), 0) AS dram
+               FROM (SELECT bin, sm, sum(value) AS v, count(value) AS n FROM {points} JOIN s USING (series_id)
+                     GROUP BY bin, sm)
+               GROUP BY bin""",
+            [texts(dep.gpu_uuids)],
+        ).pl()
+        return got.cast({"bin": pl.Int64, "sm": pl.Float64, "dram": pl.Float64})
+    got = con.execute(  # the numbers as SQL literals (a bound integer costs the client a search for pandas)
+        f"""SELECT CAST((ts_ns - {start_ns} - 1) // {bin_ns} AS BIGINT) AS bin,
                   avg(value) FILTER (WHERE metric = 'sm_active_ratio') AS sm,
                   avg(value) FILTER (WHERE metric = 'dram_active_ratio') AS dram
-           FROM {table_sql("gpu_samples", rollup)} WHERE ts_ns > ? AND ts_ns <= ?
+           FROM {table_sql("gpu_samples", rollup, (start_ns, end_ns))}
+           WHERE ts_ns > {start_ns} AND ts_ns <= {end_ns}
              AND list_contains({TEXTS}, uuid)
              AND metric IN ('sm_active_ratio', 'dram_active_ratio') GROUP BY bin""",
-        [start_ns, bin_ns, start_ns, end_ns, texts(dep.gpu_uuids)],
+        [texts(dep.gpu_uuids)],
     ).pl()
     return got.cast({"bin": pl.Int64, "sm": pl.Float64, "dram": pl.Float64})
 
@@ -355,24 +432,38 @@ def _catalog_capability(dep: Deployment) -> float | None:
 
 
 def cp_from_store(
-    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, th: Thresholds
+    con: duckdb.DuckDBPyConnection,
+    dep: Deployment,
+    start_ns: int,
+    end_ns: int,
+    th: Thresholds,
+    *,
+    shared: bool = True,
 ) -> CpFit:
-    """Rules 2-4 on the deployment's own per-bin history: running vs tokens/s per GPU, ITL p99."""
-    bins = history_bins(con, dep, start_ns, end_ns, th)
+    """Rules 2-4 on the deployment's own per-bin history: running vs tokens/s per GPU, ITL p99.
+    ``shared=False``: the history's counters are read for tokens alone (:func:`load_bins`)."""
+    bins = history_bins(con, dep, start_ns, end_ns, th, shared=shared)
     per_gpu = bins["tokens_per_s"] / max(dep.n_gpus, 1)
     lat = bins["itl_p99_s"].fill_null(float("nan")) if "itl_p99_s" in bins.columns else None
     return fit_cp(bins["running"].to_list(), per_gpu.to_list(), None if lat is None else lat.to_list(), th)
 
 
 def history_bins(
-    con: duckdb.DuckDBPyConnection, dep: Deployment, start_ns: int, end_ns: int, th: Thresholds
+    con: duckdb.DuckDBPyConnection,
+    dep: Deployment,
+    start_ns: int,
+    end_ns: int,
+    th: Thresholds,
+    *,
+    shared: bool = True,
 ) -> pl.DataFrame:
     """The :func:`load_bins` Cp is fitted on: rows with both running and tokens/s.
 
     Spans over an hour read the per-minute rollups when the store has them (latency rule 6).
     """
-    rollup = end_ns - start_ns > 3600 * NS and _has_rollups(con, start_ns, end_ns)
-    return load_bins(con, dep, start_ns, end_ns, th, rollup=rollup).drop_nulls(["running", "tokens_per_s"])
+    rollup = rollup_for(con, start_ns, end_ns)
+    got = load_bins(con, dep, start_ns, end_ns, th, rollup=rollup, shared=shared)
+    return got.drop_nulls(["running", "tokens_per_s"])
 
 
 def headroom(
@@ -450,10 +541,3 @@ def judge_load_points(
             }
         )
     return out  # fmt: skip
-
-
-def _has_rollups(con: duckdb.DuckDBPyConnection, start_ns: int, end_ns: int) -> bool:
-    row = con.execute(
-        "SELECT count(*) FROM engine_samples_1m WHERE minute_ns >= ? AND minute_ns < ?", [start_ns, end_ns]
-    ).fetchone()
-    return bool(row and row[0])

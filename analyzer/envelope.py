@@ -352,9 +352,10 @@ def _gpu_means(
             [texts(dep.gpu_uuids), texts(GPU_METRICS), start_ns, end_ns],
         ).fetchall()
     else:
+        gpu = table_sql("gpu_samples", rollup, (start_ns, end_ns))
         rows = con.execute(
             f"""SELECT metric, avg(v), max(v) FROM (
-                   SELECT uuid, metric, avg(value) AS v FROM {table_sql("gpu_samples", rollup)}
+                   SELECT uuid, metric, avg(value) AS v FROM {gpu}
                    WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, uuid)
                      AND list_contains({TEXTS}, metric)
                    GROUP BY ALL) GROUP BY metric""",
@@ -382,7 +383,7 @@ def _engine_window(
             [texts(GAUGES), texts(keys), start_ns, end_ns],
         ).fetchall()
     else:
-        gauges = table_sql("engine_gauges", rollup)
+        gauges = table_sql("engine_gauges", rollup, (start_ns, end_ns))
         rows = con.execute(
             f"""SELECT concept, sum(v), max(v), count(*) FROM (
                    SELECT {ENGINE_KEY_SQL} AS k, concept, avg(value) AS v FROM {gauges}
@@ -1088,6 +1089,10 @@ def analyze_deployment(
     from analyzer.crossover import cp_from_store, headroom
 
     th = th or Thresholds()
+    # Cp's history first: inside one report the window's gauge bins are its last bins (crossover);
+    # its counters are the window's only when it is the window
+    history_ns = max(end_ns - int(history_s * NS), 0)
+    cp = cp_from_store(con, dep, history_ns, end_ns, th, shared=history_ns == start_ns)
     sig = gather(
         con, dep, start_ns, end_ns, th, network_evidence=network_evidence, expected_latency=expected_latency
     )
@@ -1103,5 +1108,4 @@ def analyze_deployment(
         ttft_slo_s=dep.ttft_slo_s,
         itl_slo_s=dep.itl_slo_s,
     )
-    cp = cp_from_store(con, dep, max(end_ns - int(history_s * NS), 0), end_ns, th)
     return {"deployment": dep.summary(), "envelope": verdict.as_dict(), "cp": cp.as_dict(), "headroom": room}

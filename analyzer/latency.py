@@ -37,7 +37,9 @@ Rules:
  8. Inside :func:`shared_reads` (one report), an increase statement asked again with the same
     connection, window, series, concepts, bins, look-back and source answers from its first
     run: a report reads its window's histograms for the envelope and again for the regression,
-    and a 24 h window's 60 s bins for the envelope's ramp test and again for Cp.
+    and a 24 h window's 60 s bins for the envelope's ramp test and again for Cp. The catalog
+    (which relations rules 7, 9 and 11 may read) and the per-bin quantiles of the same bins are
+    asked once as well.
  9. Where the points also keep each point's increase (a store file at schema 5:
     :mod:`collector.increases`), a window's increase is a plain sum of the stored increases of its
     points, per series and bin, with no ``lag`` (no sort): each series' first point in the read
@@ -75,7 +77,8 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, has_column, has_points, texts
+from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, texts
+from analyzer.point_bins import binned_points
 
 HISTOGRAMS = (
     "ttft_seconds",
@@ -188,13 +191,21 @@ def _rollup_rows(con: duckdb.DuckDBPyConnection, start_ns: int, end_ns: int) -> 
     return bool(row and row[0])
 
 
-def table_sql(name: str, rollup: bool) -> str:
+def table_sql(name: str, rollup: bool, within: tuple[int, int] | None = None) -> str:
     """Rule 6: the raw table, or its per-minute rollup shaped like it (a minute's rows stamped at its end).
 
     ``engine_gauges`` is ``engine_samples`` read for gauges (the minute's mean, not its last value).
+    ``within`` = ``(lo, hi)``: the rollup's minutes stamped in ``(lo, hi]`` only, bounded on
+    ``minute_ns`` itself, which the rollup tables' zone maps prune (a filter on the stamp, an
+    expression, reads every row group: a day's SM/DRAM bins of a week's rollups 40 ms, 10 ms bounded).
+    The caller still filters the stamp: the same rows.
     """
     if rollup:
-        return f"{_ROLLUPS[name]} AS {name.replace('engine_gauges', 'engine_samples')}"
+        sql = _ROLLUPS[name]
+        if within is not None:
+            lo, hi = (int(x) - 60 * NS for x in within)
+            sql = f"{sql[:-1]} WHERE minute_ns > {lo} AND minute_ns <= {hi})"
+        return f"{sql} AS {name.replace('engine_gauges', 'engine_samples')}"
     return name.replace("engine_gauges", "engine_samples")
 
 
@@ -215,6 +226,13 @@ def shared_reads() -> Iterator[None]:
 def in_shared_reads() -> bool:
     """Whether this thread or task is inside :func:`shared_reads` (rule 8)."""
     return _SHARED.get() is not None
+
+
+def report_memo(name: str) -> dict[Any, Any] | None:
+    """This report's memo of the reads called ``name`` (rule 8, for reads made outside this
+    module), or None outside :func:`shared_reads`."""
+    memo = _SHARED.get()
+    return None if memo is None else memo.setdefault(("memo", name), {})
 
 
 def _shared(key: tuple[Any, ...], run: Callable[[], _T]) -> _T:
@@ -253,12 +271,14 @@ def _coarser(finer: pl.DataFrame, b: int, bin_ns: int, bins: int) -> pl.DataFram
     value = finer.columns[-1]
     keys = [c for c in finer.columns[:-1] if c != "bin"]
     x = pl.col(value)
-    return (
-        finer.filter(pl.col("bin") < bins)
+    return (  # one lazy query: each eager step is a query of its own (~0.4 ms each under load)
+        finer.lazy()
+        .filter(pl.col("bin") < bins)
         .with_columns((pl.col("bin") * b // bin_ns).cast(pl.Int64).alias("bin"))
         .group_by([keys[0], "bin", *keys[1:]], maintain_order=True)
         .agg(pl.when(x.is_null().all()).then(None).otherwise(x.sum()).alias(value))
         .sort([keys[0], "bin", *keys[1:]])
+        .collect()
     )
 
 
@@ -268,9 +288,25 @@ def _key_filter(keys: Sequence[str] | None) -> tuple[str, list[Any]]:
     return f" AND list_contains({TEXTS}, {ENGINE_KEY_SQL})", [texts(keys)]
 
 
+def _catalog(con: duckdb.DuckDBPyConnection) -> dict[str, frozenset[str]]:
+    """The columns of this store's points relations and rollups (``*_points``, ``*_1m``), by
+    relation: what rules 7, 9 and 11 ask of the catalog, read in one statement, once per report
+    (rule 8). A catalog statement costs 4-8 ms here; a report asked ten of them."""
+
+    def read() -> dict[str, frozenset[str]]:
+        rows = con.execute(
+            "SELECT table_name, list(column_name) FROM information_schema.columns "
+            "WHERE table_catalog = current_database() "
+            "AND (suffix(table_name, '_points') OR suffix(table_name, '_1m')) GROUP BY table_name"
+        ).fetchall()
+        return {str(t): frozenset(cols) for t, cols in rows}
+
+    return _shared((id(con), "catalog"), read)
+
+
 def _points_of(con: duckdb.DuckDBPyConnection, table: str, rollup: bool) -> bool:
     """Rule 7: whether ``table`` is read from its points table here (series layout, raw rows)."""
-    return not rollup and _shared((id(con), "has_points", table), lambda: has_points(con, table))
+    return not rollup and f"{table}_points" in _catalog(con)
 
 
 def reads_points(con: duckdb.DuckDBPyConnection, table: str, rollup: bool = False) -> bool:
@@ -297,9 +333,7 @@ def _stored_increases(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     """Rule 9: whether the points of ``table`` keep each point's increase here (asked once per
     report: rule 8; a catalog query costs ~30 ms on a busy machine)."""
 
-    return _shared(
-        (id(con), "stored_increases", table), lambda: has_column(con, f"{table}_points", "increase")
-    )
+    return "increase" in _catalog(con).get(f"{table}_points", ())
 
 
 def _summed_increases(
@@ -327,7 +361,8 @@ def _summed_increases(
     by the selection's lowest and highest ``series_id``: matching 5.6 M points of a 512-GPU
     window to their series one by one cost more than summing them, and where the points are
     packed by series (``collector.series``) every read of a packed hour scans all of it, so the
-    look-back is read in the same pass (a second read cost as much as the window's).
+    look-back is read in the same pass (a second read cost as much as the window's). Packed
+    points take their bin from their timestamp (:func:`analyzer.point_bins.binned_points`).
 
     ``window`` = (start ts, upper ts, bin width, lower ts) and ``ids`` = the selection's lowest and
     highest ``series_id`` (:func:`_series_range`) are SQL literals (a bound integer costs DuckDB's
@@ -335,7 +370,8 @@ def _summed_increases(
     (concepts unless ``every_concept``, keys)."""
     start, end, bin_ns, lower = (int(x) for x in window)
     m = -(-(start - lower) // bin_ns) + 1  # look-back bins: every dividend below is positive
-    lo, hi = (int(x) for x in ids)
+    bin_of = f"CAST((ts_ns - {start - m * bin_ns} - 1) // {bin_ns} AS BIGINT) - {m}"
+    points = binned_points(table, "increase", lower, end, bin_of, ids)
     concept = "true" if every_concept else f"list_contains({TEXTS}, concept)"
     cols = described.split(", ")
     out = ", ".join([cols[0], "bin", *cols[1:]])
@@ -343,10 +379,7 @@ def _summed_increases(
         WITH ser AS (
             SELECT series_id, {described} FROM {table}_series WHERE {concept}{where}
         ), p AS MATERIALIZED (
-            SELECT series_id, CAST((ts_ns - {start - m * bin_ns} - 1) // {bin_ns} AS BIGINT) - {m} AS bin,
-                   sum(increase) AS inc
-            FROM {table}_points WHERE ts_ns > {lower} AND ts_ns <= {end} AND series_id BETWEEN {lo} AND {hi}
-            GROUP BY ALL
+            SELECT series_id, bin, sum(increase) AS inc FROM {points} GROUP BY series_id, bin
         ), fresh AS (
             SELECT series_id FROM ser
             ANTI JOIN (SELECT series_id FROM p GROUP BY series_id HAVING min(bin) < 0) USING (series_id)
@@ -377,7 +410,7 @@ def _series_range(
 def _rollup_sums(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     """Rule 11: whether the rollup of ``table`` keeps each minute's increase here (asked once per
     report: rule 8)."""
-    return _shared((id(con), "rollup_sums", table), lambda: has_column(con, f"{table}_1m", "increase"))
+    return "increase" in _catalog(con).get(f"{table}_1m", ())
 
 
 def _summed_minutes(
@@ -481,12 +514,14 @@ def _summed_points(
     where: str,
     params: list[Any],
     window: tuple[int, int, int, int],
+    shared: bool = True,
 ) -> pl.DataFrame:
     """Rule 9 on ``table``: the stored increases of ``window`` (start, end, bin, look-back
     start) summed per ``described`` and bin into ``column``. Inside :func:`shared_reads` (rule
-    10) every concept is summed once per window and each caller keeps its own concepts."""
+    10) every concept is summed once per window and each caller keeps its own concepts, unless
+    not ``shared``."""
     start_ns, end_ns, bin_ns, lower = window
-    every = in_shared_reads()
+    every = shared and in_shared_reads()
     args = [*([] if every else [texts(concepts)]), *params]
     ids = _series_range(con, table, where, args, every)
     sql = _summed_increases(table, described, where, column, window, ids, every)
@@ -542,28 +577,42 @@ def bucket_increases(
 
 
 def quantiles_from_increases(inc: pl.DataFrame, qs: Sequence[float]) -> dict[tuple[str, int], list[Quantile]]:
-    """Rule 3 on every ``(concept, bin)`` group of :func:`bucket_increases` output.
+    """Rule 3 on every ``(concept, bin)`` group of :func:`bucket_increases` output."""
+    return {
+        (c, b): [Quantile(c, q, *f) for q, f in zip(qs, fields, strict=True)]
+        for c, b, fields in _groups(inc, qs)
+    }
+
+
+def _groups(inc: pl.DataFrame, qs: Sequence[float]) -> list[tuple[str, int, list[tuple[Any, ...]]]]:
+    """Rule 3 on every ``(concept, bin)`` group of :func:`bucket_increases` output: ``(concept,
+    bin, [the fields of its Quantile after metric and q, for each q])``, in concept and bin order.
 
     Every group at once with numpy (:func:`_grouped_quantiles`: a day of 60 s bins is ~3,000
     groups, 0.7 s one at a time); a group holding a NULL or NaN count is taken one at a time by
     :func:`quantile_of`, which says what each field means."""
-    out: dict[tuple[str, int], list[Quantile]] = {}
     if inc.is_empty():
-        return out
+        return []
     inc = inc.sort(["concept", "bin", "le"])
-    concepts, bins = inc["concept"].to_list(), inc["bin"].to_list()
-    new_group = (inc["bin"] != inc["bin"].shift(1)) | (inc["concept"] != inc["concept"].shift(1))
-    edges = [0, *np.flatnonzero(new_group.fill_null(True).to_numpy()[1:]).__add__(1).tolist()]
-    ends = [*edges[1:], len(bins)]
+    new = (pl.col("bin") != pl.col("bin").shift(1)) | (pl.col("concept") != pl.col("concept").shift(1))
+    new_group = inc.select(new.fill_null(True)).to_series().to_numpy()
+    edges = [0, *np.flatnonzero(new_group[1:]).__add__(1).tolist()]
+    ends = [*edges[1:], inc.height]
     grid = _grouped_quantiles(inc["le"].to_numpy(), inc["count"].to_numpy(), edges, ends, qs)
+    first = inc.select(pl.col("concept", "bin").gather(edges))
+    concepts, bins = first["concept"].to_list(), first["bin"].to_list()
+    out: list[tuple[str, int, list[tuple[Any, ...]]]] = []
     for g, (a, b) in enumerate(zip(edges, ends, strict=True)):
-        c, fields = str(concepts[a]), grid[g]
+        c, fields = str(concepts[g]), grid[g]
         if fields is None:  # list slices: no per-group frames
             les, counts = inc["le"][a:b].to_list(), inc["count"][a:b].to_list()
-            out[(c, int(bins[a]))] = [quantile_of(c, les, counts, q) for q in qs]
-        else:
-            out[(c, int(bins[a]))] = [Quantile(c, q, *f) for q, f in zip(qs, fields, strict=True)]
+            fields = [_fields(quantile_of(c, les, counts, q)) for q in qs]
+        out.append((c, int(bins[g]), fields))
     return out
+
+
+def _fields(x: Quantile) -> tuple[Any, ...]:
+    return (x.value_s, x.observations, x.first_bucket_s, x.at_floor, x.capped)
 
 
 def _grouped_quantiles(
@@ -651,22 +700,39 @@ def binned_quantiles(
     lookback_s: float = 120.0,
     rollup: bool | None = None,
 ) -> pl.DataFrame:
-    """``[concept, bin, bin_start_ns, q, value_s, observations]``: one row per bin and quantile."""
+    """``[concept, bin, bin_start_ns, q, value_s, observations]``: one row per bin and quantile.
+    Inside :func:`shared_reads` (rule 8) asked again with the same arguments, the first answer
+    (a 24 h window's 60 s ITL bins are the envelope's and Cp's history's)."""
+    selection = (None if keys is None else tuple(keys), tuple(concepts), tuple(qs))
+    return _shared(
+        (id(con), "binned_quantiles", start_ns, end_ns, bin_s, *selection, lookback_s, rollup),
+        lambda: _binned_quantiles(con, start_ns, end_ns, bin_s, keys, concepts, qs, lookback_s, rollup),
+    )
+
+
+def _binned_quantiles(
+    con: duckdb.DuckDBPyConnection,
+    start_ns: int,
+    end_ns: int,
+    bin_s: float,
+    keys: Sequence[str] | None,
+    concepts: Sequence[str],
+    qs: Sequence[float],
+    lookback_s: float,
+    rollup: bool | None,
+) -> pl.DataFrame:
     inc = bucket_increases(
         con, start_ns, end_ns, keys=keys, concepts=concepts, bin_s=bin_s, lookback_s=lookback_s, rollup=rollup
     )
-    rows = [
-        {
-            "concept": c,
-            "bin": b,
-            "bin_start_ns": start_ns + int(b * bin_s * NS),
-            "q": x.q,
-            "value_s": x.value_s,
-            "observations": x.observations,
-        }
-        for (c, b), qlist in quantiles_from_increases(inc, qs).items()
-        for x in qlist
-    ]
+    got = _groups(inc, qs)  # the columns built at once: ~3,000 Quantile objects a day of bins cost 45 ms
+    rows = {
+        "concept": [c for c, _, _ in got for _ in qs],
+        "bin": [b for _, b, _ in got for _ in qs],
+        "bin_start_ns": [start_ns + int(b * bin_s * NS) for _, b, _ in got for _ in qs],
+        "q": [q for _ in got for q in qs],
+        "value_s": [f[0] for _, _, fields in got for f in fields],
+        "observations": [f[1] for _, _, fields in got for f in fields],
+    }
     schema = {
         "concept": pl.Utf8,
         "bin": pl.Int64,
@@ -688,20 +754,25 @@ def counter_increases(
     bin_s: float | None = None,
     lookback_s: float = 120.0,
     rollup: bool | None = None,
+    shared: bool = True,
 ) -> pl.DataFrame:
     """Rule 1 on ``engine_samples`` counters: ``[concept, bin, increase]`` summed over series
     (rule 6 for ``rollup=None``). Inside :func:`shared_reads` (rule 8), stored increases (rule 9)
     are summed for every concept of the window at once and each call takes its concepts from
-    that: a report asks for a window's counters five times, a few concepts each time."""
+    that: a report asks for a window's counters five times, a few concepts each time. With
+    ``shared=False`` only ``concepts`` are summed: a read no other call of the report shares (Cp's
+    history under a shorter window: a day of one counter's minutes 20 ms, of all twelve 45 ms)."""
+    every = shared and in_shared_reads()
     rollup = rollup_for(con, start_ns, end_ns, bin_s) if rollup is None else rollup
     where, params = _key_filter(keys)
     bin_ns = int(bin_s * NS) if bin_s else max(end_ns - start_ns, 1)
     lower = start_ns - int(lookback_s * NS)
     if _points_of(con, "engine_samples", rollup) and _stored_increases(con, "engine_samples"):  # rule 9
         window = (start_ns, end_ns, bin_ns, lower)
-        return _summed_points(con, "engine_samples", "concept", "increase", concepts, where, params, window)
+        return _summed_points(
+            con, "engine_samples", "concept", "increase", concepts, where, params, window, every
+        )
     if rollup and _rollup_sums(con, "engine_samples"):  # rule 11, every concept at once as rule 9
-        every = in_shared_reads()
         window = (start_ns, end_ns, bin_ns, lower)
         sql = _summed_minutes("engine_samples", "concept", where, "increase", window, every_concept=every)
         args = [*([] if every else [texts(concepts)]), *params]

@@ -43,9 +43,10 @@ import numpy as np
 import polars as pl
 
 from analyzer.collectives import rank_waits
-from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, has_points, texts
-from analyzer.latency import NS, counter_increases, in_shared_reads, rollup_for, table_sql
+from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
+from analyzer.latency import NS, counter_increases, in_shared_reads, reads_points, rollup_for, table_sql
 from analyzer.planner import span_filter
+from analyzer.point_bins import binned_points
 
 AXES = ("load", "context_length", "kv_pressure", "fabric_bytes", "clocks", "straggler_share")
 GAUGE_AXES = ("kv_pressure", "fabric_bytes", "clocks")  # sums and counts of samples per bin: additive
@@ -107,11 +108,28 @@ def _span_rows(
     """Per bin of span start: requests, prompt tokens, requests with prompt tokens."""
     cond, params = span_filter(con, dep.name, dep.model)
     return con.execute(  # type: ignore[return-value]
-        f"""SELECT (start_ns - ? - 1) // ? AS b, count(DISTINCT trace_id),
+        f"""SELECT (start_ns - {int(lo)} - 1) // {int(bin_ns)} AS b, count(DISTINCT trace_id),
                    sum(input_tokens), count(input_tokens)
-            FROM request_spans WHERE {cond} AND start_ns > ? AND start_ns <= ? GROUP BY b""",
-        [lo, bin_ns, *params, lo, hi],
+            FROM request_spans WHERE {cond} AND start_ns > {int(lo)} AND start_ns <= {int(hi)} GROUP BY b""",
+        params,
     ).fetchall()
+
+
+def _span_counts(
+    con: duckdb.DuckDBPyConnection, dep: Deployment, sides: tuple[tuple[int, int], ...]
+) -> list[tuple[int, int]]:
+    """Per side ``(lo, hi]``: requests (distinct traces) and requests with prompt tokens whose span
+    starts in it, every side in one read of the spans (sides may overlap: one filter each)."""
+    cond, params = span_filter(con, dep.name, dep.model)
+    side = [f"start_ns > {int(lo)} AND start_ns <= {int(hi)}" for lo, hi in sides]
+    cols = ", ".join(
+        f"count(DISTINCT trace_id) FILTER (WHERE {w}), count(input_tokens) FILTER (WHERE {w})" for w in side
+    )
+    within = " OR ".join(f"({w})" for w in side)
+    row = (
+        con.execute(f"SELECT {cols} FROM request_spans WHERE {cond} AND ({within})", params).fetchone() or ()
+    )
+    return [(int(row[2 * i] or 0), int(row[2 * i + 1] or 0)) for i in range(len(sides))]
 
 
 def _counter_rows(
@@ -137,10 +155,7 @@ def choose_sources(
     the span whose per-bin counters :func:`axis_parts` reads next; inside one report
     (:func:`analyzer.latency.shared_reads`) they are read first, so that a side starting where
     the span does is regrouped from them instead of read again (latency rule 10)."""
-    spans, counters = [], []
-    for lo, hi in sides:
-        rows = _span_rows(con, dep, lo, hi, hi - lo + 1)
-        spans.append((sum(r[1] for r in rows), sum(r[3] for r in rows)))
+    spans, counters = _span_counts(con, dep, sides), []
     if not all(a >= MIN_SPANS and b >= MIN_SPANS for a, b in spans):
         if span is not None and in_shared_reads():
             _counter_rows(con, dep, *span, list(LOAD_COUNTERS))
@@ -253,22 +268,32 @@ def _gauges(
     return out
 
 
+def has_points(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """Whether ``table``'s raw rows are read from its points table here (latency rule 7: the
+    catalog is asked once per report, not once per statement)."""
+    return reads_points(con, table)
+
+
 def _kv_rows(
     con: duckdb.DuckDBPyConnection, dep: Deployment, lo: int, hi: int, bin_ns: int, rollup: bool
 ) -> list[tuple[int, float, float]]:
     """Per bin, the sum and count of the deployment's ``kv_usage_ratio`` samples. On the series
     layout (raw rows) the series are chosen first and only their points read (latency rule 7)."""
-    if not rollup and has_points(con, "engine_samples"):
-        source = f"""engine_samples_points WHERE series_id IN (
-            SELECT series_id FROM engine_samples_series WHERE concept = 'kv_usage_ratio'
-              AND list_contains({TEXTS}, {ENGINE_KEY_SQL}))"""
-    else:
-        source = f"""{table_sql("engine_gauges", rollup)} WHERE concept = 'kv_usage_ratio'
-              AND list_contains({TEXTS}, {ENGINE_KEY_SQL})"""
+    if not rollup and has_points(con, "engine_samples"):  # bins from T_times (analyzer.point_bins)
+        bin_of = f"({int(-lo - 1)} + ts_ns) // {int(bin_ns)}"
+        points = binned_points("engine_samples", "value", lo, hi, bin_of)
+        return con.execute(
+            f"""SELECT bin AS b, sum(value), count(value) FROM {points} WHERE series_id IN (
+                   SELECT series_id FROM engine_samples_series WHERE concept = 'kv_usage_ratio'
+                     AND list_contains({TEXTS}, {ENGINE_KEY_SQL})) GROUP BY b""",
+            [texts(dep.engine_keys)],
+        ).fetchall()
+    source = f"""{table_sql("engine_gauges", rollup, (lo, hi))} WHERE concept = 'kv_usage_ratio'
+          AND list_contains({TEXTS}, {ENGINE_KEY_SQL})"""
     return con.execute(
-        f"""SELECT (ts_ns - ? - 1) // ? AS b, sum(value), count(value) FROM {source}
-              AND ts_ns > ? AND ts_ns <= ? GROUP BY b""",
-        [lo, bin_ns, texts(dep.engine_keys), lo, hi],
+        f"""SELECT (ts_ns - {int(lo)} - 1) // {int(bin_ns)} AS b, sum(value), count(value) FROM {source}
+              AND ts_ns > {int(lo)} AND ts_ns <= {int(hi)} GROUP BY b""",
+        [texts(dep.engine_keys)],
     ).fetchall()
 
 
@@ -282,22 +307,31 @@ def _gpu_rows(
     """Per bin: NVLink + PCIe bytes/s summed and the number of their sample times, SM clock sum
     and count, over the deployment's GPUs. On the series layout (raw rows) only the points of
     those metrics' series are read, their metric class decided once per series."""
+    lo, hi, bin_ns = int(lo), int(hi), int(bin_ns)  # SQL literals: a bound number costs a search for pandas
     aggregates = """sum(value) FILTER (WHERE link), count(DISTINCT ts_ns) FILTER (WHERE link),
                     sum(value) FILTER (WHERE clock), count(value) FILTER (WHERE clock)"""
     if not rollup and has_points(con, "gpu_samples"):
+        # bins from the timestamps (analyzer.point_bins); the sums of each sample time and class
+        # first, so the link sample times are counted as groups, not a DISTINCT over the points:
+        # 512 GPUs' 30 minutes (1.8 M points) 0.30 -> 0.15 s (medians of 7, load 3.4)
+        points = binned_points("gpu_samples", "value", lo, hi, f"({int(-lo - 1)} + ts_ns) // {int(bin_ns)}")
         sql = f"""
             WITH s AS (
                 SELECT series_id, {_LINK} AS link, {_CLOCK} AS clock FROM gpu_samples_series
                 WHERE list_contains({TEXTS}, uuid) AND (({_LINK}) OR {_CLOCK})
             )
-            SELECT (ts_ns - ? - 1) // ? AS b, {aggregates}
-            FROM gpu_samples_points JOIN s USING (series_id) WHERE ts_ns > ? AND ts_ns <= ? GROUP BY b"""
-        return con.execute(sql, [texts(dep.gpu_uuids), lo, bin_ns, lo, hi]).fetchall()
+            SELECT bin AS b, sum(v) FILTER (WHERE link), count(*) FILTER (WHERE link),
+                   sum(v) FILTER (WHERE NOT link), sum(n) FILTER (WHERE NOT link) FROM (
+                SELECT bin, ts_ns, link, sum(value) AS v, count(value) AS n
+                FROM {points} JOIN s USING (series_id) GROUP BY bin, ts_ns, link
+            ) GROUP BY b"""
+        return con.execute(sql, [texts(dep.gpu_uuids)]).fetchall()
     sql = f"""
-        SELECT (ts_ns - ? - 1) // ? AS b, {aggregates}
-        FROM (SELECT ts_ns, value, {_LINK} AS link, {_CLOCK} AS clock FROM {table_sql("gpu_samples", rollup)}
-              WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, uuid)) GROUP BY b"""
-    return con.execute(sql, [lo, bin_ns, lo, hi, texts(dep.gpu_uuids)]).fetchall()
+        SELECT (ts_ns - {lo} - 1) // {bin_ns} AS b, {aggregates}
+        FROM (SELECT ts_ns, value, {_LINK} AS link, {_CLOCK} AS clock
+              FROM {table_sql("gpu_samples", rollup, (lo, hi))}
+              WHERE ts_ns > {lo} AND ts_ns <= {hi} AND list_contains({TEXTS}, uuid)) GROUP BY b"""
+    return con.execute(sql, [texts(dep.gpu_uuids)]).fetchall()
 
 
 def _waits(con: duckdb.DuckDBPyConnection, comm_ids: list[str], lo: int, hi: int) -> pl.DataFrame:

@@ -7,8 +7,11 @@ and prints them. Medians over the rounds of each checkout, fresh and open, with 
 read the same file: a store written by this checkout can be read by an older one when the schema
 change is only added columns.
 
+``--peer-store`` gives the peer another file: the same data in the layout the peer writes (a
+file this checkout migrated on open, against the original the peer still reads as it is).
+
 Run: ``.venv/bin/python -m bench.bench_report_ab --peer /work/main --store FILE --hours 1
-[--window 900] [--rounds 3] [--repeat 1]``.
+[--peer-store FILE] [--window 900] [--rounds 3] [--repeat 1]``.
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer", type=Path, required=True)
     ap.add_argument("--store", required=True)
+    ap.add_argument(
+        "--peer-store",
+        help="the file the peer reads (default: --store), e.g. the same data in the layout the peer writes",
+    )
     ap.add_argument("--hours", type=float, default=1.0, help="the store's length (its end is T0 + hours)")
     ap.add_argument("--window", type=int, default=900)
     ap.add_argument("--rounds", type=int, default=3)
@@ -68,8 +75,9 @@ def main() -> None:
     load = [os.getloadavg()]
     for _ in range(args.rounds):
         for label, root in (("peer", args.peer), ("this", HERE)):
+            store = args.peer_store if label == "peer" and args.peer_store else args.store
             cmd = [sys.executable, str(HERE / "bench" / "bench_report_ab.py"), "--child", "--peer", str(root),
-                   "--store", args.store, "--hours", str(args.hours), "--window", str(args.window),
+                   "--store", store, "--hours", str(args.hours), "--window", str(args.window),
                    "--repeat", str(args.repeat)]  # fmt: skip
             env = {**os.environ, "PYTHONPATH": str(root)}
             out = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, check=True)

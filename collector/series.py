@@ -19,10 +19,11 @@ store file is kept as:
     by the store's maintenance (:func:`pack_statements`), or written packed by a backfill
     (:func:`packed_insert_statements`). ``T_times`` numbers each distinct
     timestamp of a slice (``tix``, dense, in time order within the slice); ``T_packed`` holds
-    ``(series_id, tix, values...)`` sorted by series, then time. A series' values then sit side
-    by side (DuckDB's ALP and RLE compress them), and its times are small consecutive numbers
-    (bit-packed in a bit or two) rather than nanosecond timestamps whose scrape jitter costs ~21
-    bits a point in series order; each timestamp is stored once per slice, not once per point;
+    ``(series_id, tix, values...)`` sorted by time chunk (:data:`CHUNKS_NS`), then series, then
+    time. A series' values then sit side by side (DuckDB's ALP and RLE compress them), and its
+    times are small consecutive numbers (bit-packed in a bit or two) rather than nanosecond
+    timestamps whose scrape jitter costs ~21 bits a point in series order; each timestamp is
+    stored once per slice, not once per point;
 - the view ``T``: ``T_points`` joined to ``T_series`` back into exactly the columns of
   :data:`collector.records.TABLES`, so every reader (analyzer, API, ``ioe query``) sees the
   table it always saw.
@@ -44,12 +45,22 @@ Rules:
    packed tables and the view, in one transaction (:func:`recent_statements`).
 5. Packing a slice moves every point of it (recent and already packed: late samples) into the
    packed form in one transaction: the rows read through ``T_points`` before and after are
-   the same. Packed runs alternate direction (even series by rising ``tix``, odd by falling),
-   so the step between one series' run and the next is ~0 and a bit-packing group that spans
-   both stays a few bits wide.
+   the same. A slice's rows are sorted by time chunk, then by series: each series' points of a
+   chunk are one run. A slice's chunk is the shortest of :data:`CHUNKS_NS` (divisors of
+   :data:`SLICE_NS`) that gives each chunk at least :data:`CHUNK_ROWS` points of the slice on
+   average, or the whole slice where none does (a slice's chunk is chosen from all its points
+   each time it is packed, late ones included). Packed runs
+   alternate direction (even series by rising ``tix``, odd by falling), so the step between one
+   series' run and the next is ~0 and a bit-packing group that spans both stays a few bits wide.
 6. Time windows still prune: ``T_recent`` by its ``ts_ns`` zone maps; the packed rows through
    the join, whose ``tix`` range DuckDB pushes into the ``T_packed`` scan (zone maps on ``tix``:
-   each slice's rows hold only its own ``tix`` range), so a window reads the slices it overlaps.
+   each chunk's rows hold only its own ``tix`` range, as ``tix`` rises with time in a slice), so
+   a window reads the chunks it overlaps, not whole slices: a 15-minute window (and its look-back)
+   of a packed hour in 5-minute chunks reads about a third of it.
+7. A file whose slices were packed in series order over the whole slice (schema 6 and before)
+   has each of its packed slices packed again when opened for writing (:meth:`collector.store.
+   Store._chunk_slices`, a slice a transaction: rule 5's statements), so its windows prune as
+   rule 6 says; read-only it is read as it is (the same rows, each window reading whole slices).
 
 The DuckLake store (``collector.lake``) keeps the wide tables: Parquet's dictionary encoding
 already stores a repeated description once per file.
@@ -77,6 +88,26 @@ if TYPE_CHECKING:
 
 
 SLICE_NS = 3600 * 1_000_000_000  # the time slice packed at once (rule 5)
+# The time chunks a packed slice's rows may be sorted by first (rule 5), shortest first, so that a
+# window's tix range skips the row groups of the chunks it does not overlap (rule 6). A slice takes
+# the shortest whose chunks hold at least CHUNK_ROWS points each, else it is one chunk. Chunks cost
+# density: DuckDB's ALP compresses a value column 1,024 values at a time, and a vector that holds
+# two series' runs encodes both at the wider one's bit width; a run of a 1 Hz series over 5 (15)
+# minutes is 300 (900) values, so nearly every vector holds two. On an hour of one 8-GPU node's
+# dcgm fields (bench.bench_density, 720,000 points) 5-minute chunks took 5.10 bytes a sample and
+# 15-minute ones 4.37, against 3.64 in whole-hour runs; the bench fleet's synthetic values took
+# 2.9 % more blocks at 512 GPUs (5-minute chunks) and 1.4 % at 64 (15-minute chunks for the GPU
+# and bucket tables; bench/results/envelope_scale.md).
+CHUNKS_NS = (300 * 1_000_000_000, 900 * 1_000_000_000)
+# Two row groups (DuckDB's 122,880 rows each): a smaller chunk shares its row groups with its
+# neighbours, so a window skips little of the slice for the density it costs. One node's hour of
+# dcgm fields stays one chunk; 512 GPUs' hour of histogram buckets (19.8 M points) is cut in 5 minutes.
+CHUNK_ROWS = 2 * 122_880
+
+
+def chunked_points() -> int:
+    """The fewest points of a slice that rule 5 sorts by a chunk shorter than the slice."""
+    return CHUNK_ROWS * (SLICE_NS // max(CHUNKS_NS))
 
 
 def recent_name(table: str) -> str:
@@ -157,8 +188,7 @@ def pack_statements(spec: Table, lo_ns: int, hi_ns: int) -> list[str]:
     return [
         _tix_statement(t, f"{points_name(t)} WHERE {window}"),
         f"INSERT INTO {packed_name(t)} SELECT p.series_id, x.tix, {_values(spec, 'p.')} "
-        f"FROM {points_name(t)} AS p JOIN _tix AS x USING (ts_ns) WHERE p.{window} "
-        f"ORDER BY p.series_id, {_DIRECTION}",
+        f"FROM {points_name(t)} AS p JOIN _tix AS x USING (ts_ns) WHERE p.{window} ORDER BY {_ORDER}",
         f"DELETE FROM {packed_name(t)} WHERE tix IN (SELECT tix FROM {times_name(t)} WHERE {window})",
         f"DELETE FROM {times_name(t)} WHERE {window}",
         f"DELETE FROM {recent_name(t)} WHERE {window}",
@@ -171,31 +201,37 @@ def packed_insert_statements(spec: Table, source: str) -> list[str]:
     """Rule 5 without the detour through ``T_recent``: the points of the table ``source``
     (``ts_ns, series_id, values...``, no two sharing a key), all of time slices that hold no
     stored point yet, written straight into the packed form (run in a transaction). Each slice's
-    rows are sorted as :func:`pack_statements` sorts them, slice after slice, so every slice's
+    rows are sorted as :func:`pack_statements` sorts them, chunk after chunk, so every chunk's
     rows hold only its own ``tix`` range (rule 6). The second statement (the ``INSERT`` into
     ``T_packed``) counts the points written."""
     t = spec.name
     return [
         _tix_statement(t, source),
         f"INSERT INTO {packed_name(t)} SELECT p.series_id, x.tix, {_values(spec, 'p.')} "
-        f"FROM {source} AS p JOIN _tix AS x USING (ts_ns) "
-        f"ORDER BY p.ts_ns // {SLICE_NS}, p.series_id, {_DIRECTION}",
+        f"FROM {source} AS p JOIN _tix AS x USING (ts_ns) ORDER BY {_ORDER}",
         f"INSERT INTO {times_name(t)} SELECT tix, ts_ns FROM _tix ORDER BY tix",
         "DROP TABLE _tix",
     ]
 
 
-# Rule 5: even series' runs by rising tix, odd ones' by falling
-_DIRECTION = "CASE WHEN p.series_id % 2 = 0 THEN x.tix ELSE -x.tix END"
+# Rule 5: by time chunk (each chunk's start: chunks lie inside slices, so slice after slice too),
+# then by series, even series' runs by rising tix, odd ones' by falling
+_ORDER = "x.chunk, p.series_id, CASE WHEN p.series_id % 2 = 0 THEN x.tix ELSE -x.tix END"
 
 
 def _tix_statement(table: str, source: str) -> str:
     """The temp table ``_tix``: each distinct ``ts_ns`` of ``source`` (a table, optionally with
-    its ``WHERE``) numbered above every stored ``tix``, densely in time order."""
+    its ``WHERE``) numbered above every stored ``tix``, densely in time order, with the start of
+    its time chunk (``chunk``, rule 5: chosen per slice from the slice's count of points ``n``)."""
+    whens = " ".join(
+        f"WHEN n >= {CHUNK_ROWS * (SLICE_NS // c)} THEN ts_ns // {c} * {c}" for c in sorted(CHUNKS_NS)
+    )
     return (
         f"CREATE OR REPLACE TEMP TABLE _tix AS SELECT ts_ns, (SELECT coalesce(max(tix), -1) "
-        f"FROM {times_name(table)}) + row_number() OVER (ORDER BY ts_ns) AS tix "
-        f"FROM (SELECT DISTINCT ts_ns FROM {source})"
+        f"FROM {times_name(table)}) + row_number() OVER (ORDER BY ts_ns) AS tix, "
+        f"CASE {whens} ELSE ts_ns // {SLICE_NS} * {SLICE_NS} END AS chunk "
+        f"FROM (SELECT ts_ns, sum(k) OVER (PARTITION BY ts_ns // {SLICE_NS}) AS n "
+        f"FROM (SELECT ts_ns, count(*) AS k FROM {source} GROUP BY ts_ns))"
     )
 
 

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 NS_PER_MIN = 60_000_000_000
 # Block size of a new store file: DuckDB's default, 256 KiB. DuckDB compresses doubles with ALP
 # only in blocks this large: with 64 or 128 KiB blocks every value column stayed RLE or
@@ -123,6 +123,8 @@ def _increase_column(rollup: str) -> list[str]:
 #   minutes' last values (what the analyzer read with lag() before); a store file then computes
 #   it again from the stored point increases for every minute that still has raw points
 #   (Store._refill_rollups).
+# 6 -> 7: a packed slice of a store file is sorted by time chunk, then series (collector.series
+#   rules 5-7): physical, each packed slice packed again by Store._chunk_slices.
 MIGRATIONS: list[tuple[int, list[str]]] = [
     (1, []),
     (
@@ -135,6 +137,7 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
     (3, []),
     (4, []),
     (5, [sql for t in ("engine_samples_1m", "histogram_buckets_1m") for sql in _increase_column(t)]),
+    (6, []),
 ]
 
 
@@ -332,6 +335,8 @@ class Store(RowCounts):
                         self.con.execute(sql)
                     if from_version == 5:
                         self._refill_rollups()
+                    if from_version == 6:
+                        self._chunk_slices()
                     self._stamp(from_version + 1)
 
     def _refill_rollups(self) -> None:
@@ -342,6 +347,25 @@ class Store(RowCounts):
         if watermark:
             log.info("store %s: summing the increase of every rolled-up minute with raw points", self.path)
             self._roll_up(0, watermark)
+
+    def _chunk_slices(self) -> None:
+        """Schema 7 in a store file (collector.series rule 7): every packed slice packed again, a
+        slice a transaction (Store.pack rule 2), so its rows are sorted by time chunk. A slice of
+        fewer points than any chunk needs (:func:`collector.series.chunked_points`: one node's hour) is
+        one chunk, stored in that order already, and is left as it is."""
+        for name, spec in TABLES.items():
+            if not spec.values:
+                continue
+            slices = self.con.execute(
+                f"SELECT t.ts_ns // {series.SLICE_NS} AS k FROM {series.packed_name(name)} AS p "
+                f"JOIN {series.times_name(name)} AS t USING (tix) WHERE t.ts_ns >= 0 "
+                f"GROUP BY k HAVING count(*) >= {series.chunked_points()} ORDER BY k"
+            ).fetchall()
+            if slices:
+                log.info("store %s: sorting %d packed slices of %s by chunk", self.path, len(slices), name)
+            for (k,) in slices:
+                lo = int(k) * series.SLICE_NS
+                self._transaction(series.pack_statements(spec, lo, lo + series.SLICE_NS))
 
     def _layout(self) -> None:
         """Every table of :data:`TABLES`: created when missing; a raw table in the series layout,

@@ -284,7 +284,7 @@ def test_a_schema_5_lake_gets_its_rollup_increases(lake: dict[str, str]) -> None
             for t in ("engine_samples_1m", "histogram_buckets_1m"):
                 cur.execute(f"ALTER TABLE {t} DROP COLUMN increase")
             cur.execute(f"DELETE FROM ioe_schema WHERE version = {SCHEMA_VERSION}")
-            cur.execute(f"INSERT INTO ioe_schema VALUES ({SCHEMA_VERSION - 1}, 0)")
+            cur.execute("INSERT INTO ioe_schema VALUES (5, 0)")  # before the rollups kept increases
     with LakeStore(_cfg(lake, lake["spool"], background=False)) as st:
         assert st.schema_version() == SCHEMA_VERSION
         with st.cursor() as cur:
