@@ -35,11 +35,15 @@ import duckdb
 
 ENGINE_KEY_SQL = "(source || '|' || engine || '|' || CAST(dp_rank AS VARCHAR))"
 TEXTS = "from_json(?, '[\"VARCHAR\"]')"  # one parameter made by texts(): a list of strings in SQL
+# ``x {IN_TEXTS}``: whether x is one of the strings of one texts() parameter, as a semi join. A
+# list_contains(TEXTS, x) compared each row with the list's elements one by one: on 335 k rollup
+# rows and a deployment's 128 engine keys 0.099 s instead of 0.065 s (512-GPU store, medians of 5).
+IN_TEXTS = f"IN (SELECT unnest({TEXTS}))"
 
 
 def texts(values: Iterable[Any]) -> str:
     """Strings as one query parameter, read back in SQL as a ``VARCHAR[]`` by :data:`TEXTS`
-    (``list_contains(TEXTS, uuid)``).
+    (``uuid IN_TEXTS``: :data:`IN_TEXTS`).
 
     DuckDB's Python client converts each element of a list parameter on its own, and tries to
     import pandas twice for each where pandas is not installed: 512 GPU uuids cost 0.4-0.8 s a
@@ -182,8 +186,7 @@ def _comms_on(con: duckdb.DuckDBPyConnection, hosts: set[str]) -> list[tuple[str
     if not hosts:
         return []
     rows = con.execute(
-        f"SELECT comm_id, max(n_ranks) FROM collective_records WHERE list_contains({TEXTS}, host)"
-        " GROUP BY comm_id",
+        f"SELECT comm_id, max(n_ranks) FROM collective_records WHERE host {IN_TEXTS} GROUP BY comm_id",
         [texts(sorted(hosts))],
     ).fetchall()
     return sorted((str(c), int(n or 0)) for c, n in rows)

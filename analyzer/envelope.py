@@ -89,8 +89,15 @@ import numpy as np
 import polars as pl
 
 from analyzer.critical_path import CriticalPath, critical_path
-from analyzer.crossover import collective_evidence, load_bins, network_signals
-from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
+from analyzer.crossover import (
+    ENGINE_GAUGES,
+    collective_evidence,
+    engine_window_sums,
+    gpu_window_sums,
+    load_bins,
+    network_signals,
+)
+from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, Deployment, texts
 from analyzer.latency import (
     HISTOGRAMS,
     NS,
@@ -278,7 +285,7 @@ def _fabric_means(
                       max(value) FILTER (WHERE metric = 'link_rate_bytes_per_s') AS link,
                       avg(rate_per_s) FILTER (WHERE metric = 'tx_wait') AS wait,
                       avg(rate_per_s) FILTER (WHERE metric = 'tx_discards') AS discards
-               FROM fabric_samples WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, host)
+               FROM fabric_samples WHERE ts_ns > ? AND ts_ns <= ? AND host {IN_TEXTS}
                GROUP BY ALL""",
             [start_ns, end_ns, texts(dep.nodes)],
         ).fetchall()
@@ -341,10 +348,19 @@ def _gpu_means(
     if not dep.gpu_uuids:
         return {}
     rollup = rollup_for(con, start_ns, end_ns)  # latency rule 6 for long windows
-    if reads_points(con, "gpu_samples", rollup):  # the selected GPUs' series, their points summed first
+    kept = None if rollup else gpu_window_sums(con, dep, start_ns, end_ns)
+    if kept is not None:  # the load bins' GPU sums of this window (crossover._series_bins)
+        per_gpu = (
+            kept.filter(pl.col("metric").is_in(GPU_METRICS))
+            .group_by("uuid", "metric")
+            .agg(pl.when(pl.col("n").sum() > 0).then(pl.col("v").sum() / pl.col("n").sum()).alias("v"))
+        )
+        got = per_gpu.group_by("metric").agg(pl.col("v").mean().alias("mean"), pl.col("v").max().alias("top"))
+        rows = list(got.iter_rows())
+    elif reads_points(con, "gpu_samples", rollup):  # the selected GPUs' series, their points summed first
         rows = con.execute(
             f"""WITH s AS (SELECT series_id, uuid, metric FROM gpu_samples_series
-                           WHERE list_contains({TEXTS}, uuid) AND list_contains({TEXTS}, metric))
+                           WHERE uuid {IN_TEXTS} AND metric {IN_TEXTS})
                 SELECT metric, avg(v), max(v) FROM (
                    SELECT uuid, metric, sum(v) / sum(n) AS v
                    FROM {per_series_means("gpu_samples")} JOIN s USING (series_id) GROUP BY ALL)
@@ -356,8 +372,8 @@ def _gpu_means(
         rows = con.execute(
             f"""SELECT metric, avg(v), max(v) FROM (
                    SELECT uuid, metric, avg(value) AS v FROM {gpu}
-                   WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, uuid)
-                     AND list_contains({TEXTS}, metric)
+                   WHERE ts_ns > ? AND ts_ns <= ? AND uuid {IN_TEXTS}
+                     AND metric {IN_TEXTS}
                    GROUP BY ALL) GROUP BY metric""",
             [start_ns, end_ns, texts(dep.gpu_uuids), texts(GPU_METRICS)],
         ).fetchall()
@@ -372,10 +388,27 @@ def _engine_window(
     con: duckdb.DuckDBPyConnection, keys: list[str], start_ns: int, end_ns: int, th: Thresholds
 ) -> dict[str, float]:
     rollup = rollup_for(con, start_ns, end_ns)  # latency rule 6
-    if reads_points(con, "engine_samples", rollup):  # the selected series, their points summed first
+    kept = (
+        None
+        if rollup or set(GAUGES) - set(ENGINE_GAUGES)
+        else engine_window_sums(con, keys, start_ns, end_ns)
+    )
+    if kept is not None:  # the load bins' engine gauge sums of this window (crossover._series_bins)
+        n = pl.col("n").sum()
+        per_engine = (
+            kept.filter(pl.col("concept").is_in(GAUGES))
+            .group_by("k", "concept")
+            .agg(pl.when(n > 0).then(pl.col("v").sum() / n).alias("v"))
+        )
+        v = pl.col("v")
+        got = per_engine.group_by("concept").agg(
+            pl.when(v.count() > 0).then(v.sum()).alias("total"), v.max().alias("top"), pl.len().alias("n")
+        )
+        rows = list(got.iter_rows())
+    elif reads_points(con, "engine_samples", rollup):  # the selected series, their points summed first
         rows = con.execute(
             f"""WITH s AS (SELECT series_id, {ENGINE_KEY_SQL} AS k, concept FROM engine_samples_series
-                           WHERE list_contains({TEXTS}, concept) AND list_contains({TEXTS}, {ENGINE_KEY_SQL}))
+                           WHERE concept {IN_TEXTS} AND {ENGINE_KEY_SQL} {IN_TEXTS})
                 SELECT concept, sum(v), max(v), count(*) FROM (
                    SELECT k, concept, sum(v) / sum(n) AS v
                    FROM {per_series_means("engine_samples")} JOIN s USING (series_id) GROUP BY ALL)
@@ -387,8 +420,8 @@ def _engine_window(
         rows = con.execute(
             f"""SELECT concept, sum(v), max(v), count(*) FROM (
                    SELECT {ENGINE_KEY_SQL} AS k, concept, avg(value) AS v FROM {gauges}
-                   WHERE ts_ns > ? AND ts_ns <= ? AND list_contains({TEXTS}, concept)
-                     AND list_contains({TEXTS}, {ENGINE_KEY_SQL}) GROUP BY ALL) GROUP BY concept""",
+                   WHERE ts_ns > ? AND ts_ns <= ? AND concept {IN_TEXTS}
+                     AND {ENGINE_KEY_SQL} {IN_TEXTS} GROUP BY ALL) GROUP BY concept""",
             [start_ns, end_ns, texts(GAUGES), texts(keys)],
         ).fetchall()
     out: dict[str, float] = {}

@@ -77,7 +77,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, texts
+from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, texts
 from analyzer.point_bins import binned_points
 
 HISTOGRAMS = (
@@ -285,7 +285,7 @@ def _coarser(finer: pl.DataFrame, b: int, bin_ns: int, bins: int) -> pl.DataFram
 def _key_filter(keys: Sequence[str] | None) -> tuple[str, list[Any]]:
     if keys is None:
         return "", []
-    return f" AND list_contains({TEXTS}, {ENGINE_KEY_SQL})", [texts(keys)]
+    return f" AND {ENGINE_KEY_SQL} {IN_TEXTS}", [texts(keys)]
 
 
 def _catalog(con: duckdb.DuckDBPyConnection) -> dict[str, frozenset[str]]:
@@ -372,7 +372,7 @@ def _summed_increases(
     m = -(-(start - lower) // bin_ns) + 1  # look-back bins: every dividend below is positive
     bin_of = f"CAST((ts_ns - {start - m * bin_ns} - 1) // {bin_ns} AS BIGINT) - {m}"
     points = binned_points(table, "increase", lower, end, bin_of, ids)
-    concept = "true" if every_concept else f"list_contains({TEXTS}, concept)"
+    concept = "true" if every_concept else f"concept {IN_TEXTS}"
     cols = described.split(", ")
     out = ", ".join([cols[0], "bin", *cols[1:]])
     return f"""
@@ -401,7 +401,7 @@ def _series_range(
 ) -> tuple[int, int]:
     """The lowest and highest ``series_id`` of rule 9's selection (-1, -1 when it is empty), asked
     once per report (rule 8)."""
-    concept = "true" if every_concept else f"list_contains({TEXTS}, concept)"
+    concept = "true" if every_concept else f"concept {IN_TEXTS}"
     sql = f"SELECT min(series_id), max(series_id) FROM {table}_series WHERE {concept}{where}"
     row = _shared((id(con), sql, *filters), lambda: con.execute(sql, filters).fetchone())
     return (-1, -1) if not row or row[0] is None else (int(row[0]), int(row[1]))
@@ -435,7 +435,7 @@ def _summed_minutes(
 
     Parameters in order: the ``where`` filter's (concepts unless ``every_concept``, keys)."""
     start, end, bin_ns, lower = (int(x) for x in window)
-    concept = "true" if every_concept else f"list_contains({TEXTS}, concept)"
+    concept = "true" if every_concept else f"concept {IN_TEXTS}"
     key = f"{_WIDE_KEY}, model, le" if table == "histogram_buckets" else f"{_WIDE_KEY}, model"
     cols = described.split(", ")
     out = ", ".join([cols[0], "bin", *cols[1:]])
@@ -471,7 +471,7 @@ def _series_increases(table: str, value: str, described: str, where: str) -> str
     return f"""
         WITH ser AS (
             SELECT series_id, {described} FROM {table}_series
-            WHERE list_contains({TEXTS}, concept){where}
+            WHERE concept {IN_TEXTS}{where}
         ), p AS (
             SELECT series_id, ts_ns, {value} AS c,
                    lag({value}) OVER (PARTITION BY series_id ORDER BY ts_ns) AS prev
@@ -496,7 +496,7 @@ def _wide_increases(table: str, value: str, described: str, key: str, where: str
     return f"""
         WITH r AS (
             SELECT ts_ns, {key}, {value} AS c FROM {table}
-            WHERE list_contains({TEXTS}, concept){where} AND ts_ns > ? AND ts_ns <= ?
+            WHERE concept {IN_TEXTS}{where} AND ts_ns > ? AND ts_ns <= ?
         ), k AS (
             SELECT *, row_number() OVER () AS sid FROM (SELECT DISTINCT {key} FROM r)
         )

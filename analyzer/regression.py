@@ -56,7 +56,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from analyzer.deployments import TEXTS, Deployment, texts
+from analyzer.deployments import IN_TEXTS, Deployment, texts
 from analyzer.latency import HISTOGRAMS, NS, binned_quantiles, reads_points, rollup_for, window_quantiles
 from analyzer.regression_axes import AXES, GAUGE_AXES, UNITS, Parts, Sources, axis_parts, choose_sources
 from analyzer.thresholds import Thresholds
@@ -99,7 +99,7 @@ def baseline_window(start_ns: int, end_ns: int, kind: str, th: Thresholds | None
 def history_start(con: duckdb.DuckDBPyConnection, dep: Deployment) -> int | None:
     """The first engine sample time of the deployment's sources (rule 2), or None when none."""
     sources = sorted({k.split("|", 1)[0] for k in dep.engine_keys})
-    where = f"list_contains({TEXTS}, source)"  # by source, not by the composed key: one plain column filter
+    where = f"source {IN_TEXTS}"  # by source, not by the composed key: one plain column filter
     sql = f"SELECT min(ts_ns) FROM engine_samples WHERE {where}"
     if reads_points(con, "engine_samples"):  # the series' points alone, not every point joined to its series
         sql = (  # each series' first point, then the sources' series: a hash per point was 2-3x the cost
@@ -140,7 +140,7 @@ def _sample_in(con: duckdb.DuckDBPyConnection, dep: Deployment, lo: int, hi: int
     """The latest engine sample time of ``dep``'s sources in ``(lo, hi]``, or None (rule 2's probe;
     the bounds as SQL literals)."""
     sources = sorted({k.split("|", 1)[0] for k in dep.engine_keys})
-    where, span = f"list_contains({TEXTS}, source)", f"ts_ns > {int(lo)} AND ts_ns <= {int(hi)}"
+    where, span = f"source {IN_TEXTS}", f"ts_ns > {int(lo)} AND ts_ns <= {int(hi)}"
     sql = f"SELECT max(ts_ns) FROM engine_samples WHERE {span} AND {where}"
     if reads_points(con, "engine_samples"):
         sql = (

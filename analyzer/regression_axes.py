@@ -43,7 +43,7 @@ import numpy as np
 import polars as pl
 
 from analyzer.collectives import rank_waits
-from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, texts
+from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, Deployment, texts
 from analyzer.latency import NS, counter_increases, in_shared_reads, reads_points, rollup_for, table_sql
 from analyzer.planner import span_filter
 from analyzer.point_bins import binned_points
@@ -285,11 +285,11 @@ def _kv_rows(
         return con.execute(
             f"""SELECT bin AS b, sum(value), count(value) FROM {points} WHERE series_id IN (
                    SELECT series_id FROM engine_samples_series WHERE concept = 'kv_usage_ratio'
-                     AND list_contains({TEXTS}, {ENGINE_KEY_SQL})) GROUP BY b""",
+                     AND {ENGINE_KEY_SQL} {IN_TEXTS}) GROUP BY b""",
             [texts(dep.engine_keys)],
         ).fetchall()
     source = f"""{table_sql("engine_gauges", rollup, (lo, hi))} WHERE concept = 'kv_usage_ratio'
-          AND list_contains({TEXTS}, {ENGINE_KEY_SQL})"""
+          AND {ENGINE_KEY_SQL} {IN_TEXTS}"""
     return con.execute(
         f"""SELECT (ts_ns - {int(lo)} - 1) // {int(bin_ns)} AS b, sum(value), count(value) FROM {source}
               AND ts_ns > {int(lo)} AND ts_ns <= {int(hi)} GROUP BY b""",
@@ -318,7 +318,7 @@ def _gpu_rows(
         sql = f"""
             WITH s AS (
                 SELECT series_id, {_LINK} AS link, {_CLOCK} AS clock FROM gpu_samples_series
-                WHERE list_contains({TEXTS}, uuid) AND (({_LINK}) OR {_CLOCK})
+                WHERE uuid {IN_TEXTS} AND (({_LINK}) OR {_CLOCK})
             )
             SELECT bin AS b, sum(v) FILTER (WHERE link), count(*) FILTER (WHERE link),
                    sum(v) FILTER (WHERE NOT link), sum(n) FILTER (WHERE NOT link) FROM (
@@ -330,7 +330,7 @@ def _gpu_rows(
         SELECT (ts_ns - {lo} - 1) // {bin_ns} AS b, {aggregates}
         FROM (SELECT ts_ns, value, {_LINK} AS link, {_CLOCK} AS clock
               FROM {table_sql("gpu_samples", rollup, (lo, hi))}
-              WHERE ts_ns > {lo} AND ts_ns <= {hi} AND list_contains({TEXTS}, uuid)) GROUP BY b"""
+              WHERE ts_ns > {lo} AND ts_ns <= {hi} AND uuid {IN_TEXTS}) GROUP BY b"""
     return con.execute(sql, [texts(dep.gpu_uuids)]).fetchall()
 
 

@@ -17,7 +17,7 @@ import duckdb
 
 from analyzer import catalog, modelcfg, perf, planner, stragglers
 from analyzer.capacity import Layout
-from analyzer.deployments import ENGINE_KEY_SQL, TEXTS, Deployment, has_points, texts
+from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, Deployment, has_points, texts
 from analyzer.envelope import analyze_deployment
 from analyzer.latency import shared_reads
 from analyzer.regression import p99_regression
@@ -92,7 +92,7 @@ def expected_segments_for(
     row = con.execute(
         "SELECT avg(value) FROM engine_samples WHERE concept = 'requests_running' "
         "AND ts_ns > ? AND ts_ns <= ? "
-        f"AND list_contains({TEXTS}, {ENGINE_KEY_SQL})",
+        f"AND {ENGINE_KEY_SQL} {IN_TEXTS}",
         [start_ns, end_ns, texts(dep.engine_keys)],
     ).fetchone()
     running = max(1, round(row[0])) if row and row[0] else 1

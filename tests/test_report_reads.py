@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 from api_store import END_NS, START_NS, build
 
+import analyzer.crossover as crossover
+import analyzer.envelope as envelope
 import analyzer.latency as latency
 import analyzer.regression_axes as axes
 from analyzer.deployments import list_deployments
@@ -107,3 +109,65 @@ def test_the_regression_sides_of_the_gauges_equal_each_side_read_alone(store: St
         assert rows[k]["after"] == pytest.approx(alone[1][k].value(0, 1), rel=1e-12)
         want = alone[0][k].value(0, 1) if k in alone[0] else None
         assert rows[k]["before"] == (want if want is None else pytest.approx(want, rel=1e-12))
+
+
+@pytest.mark.parametrize("shift_s", [0, 90])
+def test_the_gpu_means_from_the_load_bins_equal_their_own_read(store: Store, shift_s: int) -> None:
+    """Inside one report the envelope's GPU means of the window, from the window's start or any
+    later bin boundary (a ramp's judged start), come from the load bins' per-series GPU sums
+    (crossover._series_bins): they equal the means read alone and through the wide views, and
+    the load bins' SM/DRAM columns equal the wide views' per-bin means."""
+    th = Thresholds()
+    start, end = START_NS - shift_s * NS, END_NS - shift_s * NS
+    bin_ns = int(th.bin_s * NS)
+    with store.cursor() as cur:
+        dep = list_deployments(cur)[0]
+        alone = {k: envelope._gpu_means(cur, dep, start + k * bin_ns, end) for k in (0, 1, 5)}
+        with _wide():
+            wide = {k: envelope._gpu_means(cur, dep, start + k * bin_ns, end) for k in (0, 1, 5)}
+            wide_bins = crossover._gpu_bins(cur, dep, start, end, bin_ns, False)
+        with latency.shared_reads():
+            bins = crossover._gpu_bins(cur, dep, start, end, bin_ns, False)
+            assert crossover.gpu_window_sums(cur, dep, start + bin_ns, end) is not None  # kept
+            assert crossover.gpu_window_sums(cur, dep, start + bin_ns // 2, end) is None  # no boundary
+            kept = {k: envelope._gpu_means(cur, dep, start + k * bin_ns, end) for k in (0, 1, 5)}
+    for k in (0, 1, 5):
+        assert alone[k] and set(kept[k]) == set(alone[k]) == set(wide[k]), k
+        for m in alone[k]:
+            assert kept[k][m] == _approx(alone[k][m]), (k, m)
+            assert alone[k][m] == _approx(wide[k][m]), (k, m)
+    assert bins.sort("bin")["bin"].to_list() == wide_bins.sort("bin")["bin"].to_list()
+    for col in ("sm", "dram"):
+        for a, b in zip(bins.sort("bin")[col].to_list(), wide_bins.sort("bin")[col].to_list(), strict=True):
+            assert a == _approx(b), col
+
+
+@pytest.mark.parametrize("shift_s", [0, 90])
+def test_the_engine_window_from_the_load_bins_equals_its_own_read(store: Store, shift_s: int) -> None:
+    """The same for the engines' gauges: the envelope's window means of requests running/waiting
+    and KV usage from the load bins' per-series sums equal them read alone and through the wide
+    views, and the load bins' running/KV columns equal the wide views' per-bin values."""
+    th = Thresholds()
+    start, end = START_NS - shift_s * NS, END_NS - shift_s * NS
+    bin_ns = int(th.bin_s * NS)
+    with store.cursor() as cur:
+        dep = list_deployments(cur)[0]
+        keys = list(dep.engine_keys)
+        alone = {k: envelope._engine_window(cur, keys, start + k * bin_ns, end, th) for k in (0, 1, 5)}
+        with _wide():
+            wide = {k: envelope._engine_window(cur, keys, start + k * bin_ns, end, th) for k in (0, 1, 5)}
+            wide_bins = crossover._running_bins(cur, keys, start, end, bin_ns, False)
+        with latency.shared_reads():
+            bins = crossover._running_bins(cur, keys, start, end, bin_ns, False)
+            assert crossover.engine_window_sums(cur, keys, start + 5 * bin_ns, end) is not None  # kept
+            kept = {k: envelope._engine_window(cur, keys, start + k * bin_ns, end, th) for k in (0, 1, 5)}
+    for k in (0, 1, 5):
+        assert "requests_running" in alone[k] and set(kept[k]) == set(alone[k]) == set(wide[k]), k
+        for m in alone[k]:
+            assert kept[k][m] == _approx(alone[k][m]), (k, m)
+            assert alone[k][m] == _approx(wide[k][m]), (k, m)
+    got, want = bins.sort("bin"), wide_bins.sort("bin")
+    assert got["bin"].to_list() == want["bin"].to_list()
+    for col in ("running", "kv"):
+        for a, b in zip(got[col].to_list(), want[col].to_list(), strict=True):
+            assert a == _approx(b), col
