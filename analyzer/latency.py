@@ -25,8 +25,10 @@ Rules:
     store holds rollup rows in it; the page's 15-minute and 1-hour windows read raw rows, its 6 h
     and 24 h windows 1,440 rows a series a day instead of 86,400 at 1 Hz. What a rollup read
     gives up: a reset inside a minute loses that minute's growth before the reset, and the
-    newest minutes not yet rolled up (under a minute plus the maintenance interval) are left
-    out — under 3 % of a window over an hour.
+    newest minutes not yet rolled up (under a minute plus the maintenance interval: 60 s with
+    the API, 300 s in a collector-only sidecar unless set) are left out — at most 2 minutes of
+    a window with the API, 6 of a collector-only store's: 1.7 % of the page's 6 h window, 0.4 %
+    of its 24 h one.
  5. Means come from ``<hist>_sum`` / ``<hist>_count`` counters in ``engine_samples`` with the same
     reset-aware increase (rule 1), and are exact, not estimates.
  7. Where the raw tables are in the series layout (a store file or a writable store:

@@ -25,6 +25,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from collector.health import HealthServer
+from collector.maintenance import MAINTENANCE_INTERVAL_S
 from collector.selfmetrics import SelfMetrics
 from collector.sidecar import Reader, Sidecar
 from collector.store import Retention, Store
@@ -42,6 +43,15 @@ log = logging.getLogger(__name__)
 # query found the pool full even after a checkpoint. Round 4's 16MB cap with 16,384-row groups ran
 # out of memory within the first 600 cycles of the same replay. bench/results/sidecar.md.
 COLLECTOR_MEMORY_LIMIT = "32MB"
+# Seconds between a collector-only agent's maintenance passes when ``maintenance_interval_s`` is
+# unset. Each pass rolls up again the two minutes before the last pass's end (store rollup rule 1)
+# and is followed by a checkpoint, so passes every minute roll each minute up three times. The
+# bench's node replayed in process (parse, flush every 10 s, maintain + checkpoint; 900-1,800
+# cycles): 60 s passes cost 3.3 ms of CPU per 1 Hz cycle (maintain 1.75, checkpoint 1.55), 300 s
+# passes 0.8 (the checkpoints the WAL then triggers cost the writes ~0.5-0.9 ms of it back); the
+# memory each pass adds for a moment is about the same (10-13 MB). Rollups are then up to 5
+# minutes behind: the raw points are there for any reader meanwhile. bench/results/sidecar.md.
+COLLECTOR_MAINTENANCE_INTERVAL_S = 300.0
 
 # What serves the listen port while the sources run: called with the agent once it runs, entered
 # before the sources start and left after they stop (the API: api.agent.serve_api).
@@ -56,6 +66,14 @@ def open_store(settings: Settings, *, threads: int | None = None) -> Any:
         return open_lake(settings)
     limit = settings.store_memory_limit or (None if settings.api_enabled else COLLECTOR_MEMORY_LIMIT)
     return Store(settings.store_path, threads=threads, memory_limit=limit)
+
+
+def maintenance_interval_s(settings: Settings) -> float:
+    """``maintenance_interval_s`` as set, else :data:`COLLECTOR_MAINTENANCE_INTERVAL_S` for a
+    collector-only agent and :data:`collector.maintenance.MAINTENANCE_INTERVAL_S` with the API."""
+    if settings.maintenance_interval_s:
+        return float(settings.maintenance_interval_s)
+    return MAINTENANCE_INTERVAL_S if settings.api_enabled else COLLECTOR_MAINTENANCE_INTERVAL_S
 
 
 def build_readers(settings: Settings) -> list[Reader]:
@@ -162,7 +180,7 @@ class Agent:
 
     async def _maintenance_loop(self) -> None:
         retention = Retention(self.settings.raw_retention_s, self.settings.rollup_retention_s)
-        while await self.sidecar.pause(self.settings.maintenance_interval_s):
+        while await self.sidecar.pause(maintenance_interval_s(self.settings)):
             try:
                 await asyncio.to_thread(self._maintain, retention)
             except Exception:

@@ -5,8 +5,9 @@ A standard-library HTTP server on a daemon thread answers, on ``listen_host:list
 1. ``GET /healthz`` → 200 ``{"status": "ok"}`` while the process runs;
 2. ``GET /readyz`` → 200 ``{"status": "ready", "schema_version": N}`` once the store answers,
    503 with the store's error otherwise;
-3. ``GET /metrics`` → the self-metrics registries in prometheus_client's text format
-   (``CONTENT_TYPE_LATEST``, as the full API serves them);
+3. ``GET /metrics`` → the self-metrics registries in the Prometheus text format 0.0.4, as the
+   full API serves them (:meth:`collector.selfmetrics.Registry.exposition`; a prometheus_client
+   registry is rendered by prometheus_client, imported then);
 4. anything else → 404 naming the three paths; other methods → 405.
 
 These are the same answers the full API gives on those paths, so probes and scrape configs do
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from collector.selfmetrics import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 PATHS = ("/healthz", "/readyz", "/metrics")
@@ -35,7 +36,7 @@ class HealthServer:
         self,
         host: str,
         port: int,
-        registries: Iterable[CollectorRegistry],
+        registries: Iterable[Any],
         schema_version: Callable[[], int],
     ):
         self._registries = list(registries)
@@ -65,7 +66,7 @@ class HealthServer:
             except Exception as exc:  # the store is not answering: not ready, and say why
                 return _json(503, {"status": "not ready", "error": str(exc)})
         if route == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, b"".join(generate_latest(r) for r in self._registries)
+            return 200, CONTENT_TYPE, b"".join(map(_exposition, self._registries))
         return _json(404, {"error": f"no such path {route!r}; this agent serves {', '.join(PATHS)}"})
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
@@ -92,6 +93,15 @@ class HealthServer:
                 log.debug("health %s", fmt % args)
 
         return Handler
+
+
+def _exposition(registry: Any) -> bytes:
+    """Rule 3: a registry's text, by its own ``exposition`` or prometheus_client's."""
+    if hasattr(registry, "exposition"):
+        return bytes(registry.exposition())
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry)
 
 
 def _json(status: int, doc: dict[str, Any]) -> tuple[int, str, bytes]:

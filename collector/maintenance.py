@@ -17,6 +17,10 @@ from collector.store import Retention
 
 log = logging.getLogger(__name__)
 
+# seconds between passes when ``maintenance_interval_s`` is unset, here and in an agent with the API
+# (a collector-only agent: collector.agent.COLLECTOR_MAINTENANCE_INTERVAL_S)
+MAINTENANCE_INTERVAL_S = 60.0
+
 
 class Maintainer(threading.Thread):
     def __init__(self, store: Any, interval_s: float, retention: Retention):

@@ -124,9 +124,15 @@ class Sidecar:
         self._stop.set()
 
     async def pause(self, seconds: float) -> bool:
-        """Sleep unless stopped first; True when the loop should go on."""
+        """Sleep unless stopped first; True when the loop should go on.
+
+        A deadline around the stop event's own wait (``asyncio.timeout``), not ``wait_for``: that
+        wraps the wait in a new task every call, three or more a second on a node."""
+        if self._stop.is_set():
+            return False
         try:
-            await asyncio.wait_for(self._stop.wait(), timeout=max(seconds, 0.0))
+            async with asyncio.timeout(max(seconds, 0.0)):
+                await self._stop.wait()
         except TimeoutError:
             return True
         return False

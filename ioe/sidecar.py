@@ -17,11 +17,13 @@ Rules:
      models and imports pydantic anyway).
   3. :func:`run` is the command for both ways in (``ioe.commands.sidecar``'s rules): ports checked
      first, a store that cannot be opened is one line and exit 2, Ctrl-C and SIGTERM stop it.
+  4. A collector-only agent that scrapes no ``https://`` URL and runs no OTLP/gRPC receiver does
+     not load Python's ``ssl`` (OpenSSL: 4.6 MB resident, imported by asyncio and ``http.client``
+     only if present): :func:`without_tls`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 from typing import TYPE_CHECKING, Any, cast
@@ -90,7 +92,24 @@ def main(args: list[str]) -> None:
         settings = cast("Settings", PlainSettings(dump))
         if "duckdb" not in sys.modules:  # not imported yet: this process's first DuckDB
             os.environ.setdefault("DUCKDB_JE_MALLOC_CONF", COLLECTOR_JEMALLOC)
+        if not needs_tls(settings):
+            without_tls()
     _exits(lambda: run(settings))
+
+
+def needs_tls(settings: Settings) -> bool:
+    """Rule 4: whether a collector-only agent may need Python's ``ssl``: an ``https://`` target or
+    Prometheus source, or the OTLP/gRPC receiver (its server library is not checked here)."""
+    urls = [t.url for t in settings.targets] + [p.url for p in settings.prometheus_sources]
+    return bool(settings.otlp.grpc_port) or any(u.startswith("https:") for u in urls)
+
+
+def without_tls() -> None:
+    """Rule 4: ``import ssl`` fails from here on in this process (a ``None`` in ``sys.modules`` is
+    Python's way to say a module is absent), unless it was imported already. asyncio,
+    ``http.client`` and ``http.server`` import it only if they can and run without it."""
+    if "ssl" not in sys.modules:
+        sys.modules["ssl"] = None  # type: ignore[assignment]
 
 
 def _exits(work: Any) -> Any:
@@ -107,6 +126,8 @@ def _exits(work: Any) -> Any:
 
 def run(settings: Settings) -> None:
     """Rule 3: the sidecar on ``settings`` until SIGINT or SIGTERM."""
+    import asyncio
+
     import duckdb
 
     from collector.agent import Agent

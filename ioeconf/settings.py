@@ -147,7 +147,11 @@ class Settings(_Model):
     nccl_inspector_dir: str = ""
     raw_retention_s: float = Field(default=2 * 86400, gt=0)
     rollup_retention_s: float = Field(default=30 * 86400, gt=0)
-    maintenance_interval_s: float = Field(default=60.0, gt=0)
+    # seconds between store maintenance passes (rollups, retention, packing). Unset: 60 with the API
+    # (and for `ioe serve`), 300 for a collector-only sidecar, where each pass rolls up the two
+    # minutes before the last pass again and then checkpoints: per minute, 60 s passes cost it ~3
+    # ms of a core a second, 300 s passes ~0.8 (collector.agent.maintenance_interval_s)
+    maintenance_interval_s: float | None = Field(default=None, gt=0)
     # the writer inserts each table once per flush: 5 s costs a sidecar ~40 % less CPU than 1 s,
     # 10 s another ~20 % less than 5 s (bench/results/sidecar.md); rows become queryable that much
     # later (the sidecar's own /metrics are live)

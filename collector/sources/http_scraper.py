@@ -58,7 +58,8 @@ async def fetch(client: HttpClient, name: str, url: str, timeout_s: float, max_b
     The body is not decoded here: bytes that are not UTF-8 cost only their own line, in the parser.
     """
     try:
-        return await asyncio.wait_for(_fetch(client, name, url, max_body_bytes), timeout_s)
+        async with asyncio.timeout(timeout_s):  # no task per scrape, as wait_for would make
+            return await _fetch(client, name, url, max_body_bytes)
     except TimeoutError as exc:
         raise ScrapeError(f"target {name}: no complete answer within {timeout_s:g} s") from exc
     except HttpError as exc:

@@ -61,11 +61,11 @@ def _run(settings: Any, st: Any, sock: socket.socket) -> None:
 
     from api.app import REFRESH_S, create_app
     from api.limits import server_options
-    from collector.maintenance import Maintainer
+    from collector.maintenance import MAINTENANCE_INTERVAL_S, Maintainer
     from collector.store import Retention
 
     app = create_app(settings, st, refresh_s=REFRESH_S)
-    maintainer = Maintainer(st, settings.maintenance_interval_s,
+    maintainer = Maintainer(st, settings.maintenance_interval_s or MAINTENANCE_INTERVAL_S,
                             Retention(settings.raw_retention_s, settings.rollup_retention_s))  # fmt: skip
     maintainer.start()
     port = sock.getsockname()[1]  # the port bound (the one asked for, or any free one for 0)
