@@ -109,6 +109,7 @@ from analyzer.latency import (
     window_means,
     window_quantiles,
 )
+from analyzer.point_bins import exact_avg, exact_mean, exact_sum, exact_total
 from analyzer.thresholds import Thresholds
 
 ZONES = ("compute", "hbm_bandwidth", "kv_capacity", "network")
@@ -352,17 +353,19 @@ def _gpu_means(
     if kept is not None:  # the load bins' GPU sums of this window (crossover._series_bins)
         per_gpu = (
             kept.filter(pl.col("metric").is_in(GPU_METRICS))
-            .group_by("uuid", "metric")
-            .agg(pl.when(pl.col("n").sum() > 0).then(pl.col("v").sum() / pl.col("n").sum()).alias("v"))
+            .group_by("uuid", "metric", maintain_order=True)
+            .agg(pl.when(pl.col("n").sum() > 0).then(exact_total(pl.col("v")) / pl.col("n").sum()).alias("v"))
         )
-        got = per_gpu.group_by("metric").agg(pl.col("v").mean().alias("mean"), pl.col("v").max().alias("top"))
+        got = per_gpu.group_by("metric", maintain_order=True).agg(
+            exact_mean(pl.col("v")).alias("mean"), pl.col("v").max().alias("top")
+        )
         rows = list(got.iter_rows())
     elif reads_points(con, "gpu_samples", rollup):  # the selected GPUs' series, their points summed first
         rows = con.execute(
             f"""WITH s AS (SELECT series_id, uuid, metric FROM gpu_samples_series
                            WHERE uuid {IN_TEXTS} AND metric {IN_TEXTS})
-                SELECT metric, avg(v), max(v) FROM (
-                   SELECT uuid, metric, sum(v) / sum(n) AS v
+                SELECT metric, {exact_avg("v")}, max(v) FROM (
+                   SELECT uuid, metric, {exact_sum("v")} / sum(n) AS v
                    FROM {per_series_means("gpu_samples")} JOIN s USING (series_id) GROUP BY ALL)
                 GROUP BY metric""",
             [texts(dep.gpu_uuids), texts(GPU_METRICS), start_ns, end_ns],
@@ -370,8 +373,8 @@ def _gpu_means(
     else:
         gpu = table_sql("gpu_samples", rollup, (start_ns, end_ns))
         rows = con.execute(
-            f"""SELECT metric, avg(v), max(v) FROM (
-                   SELECT uuid, metric, avg(value) AS v FROM {gpu}
+            f"""SELECT metric, {exact_avg("v")}, max(v) FROM (
+                   SELECT uuid, metric, {exact_avg("value")} AS v FROM {gpu}
                    WHERE ts_ns > ? AND ts_ns <= ? AND uuid {IN_TEXTS}
                      AND metric {IN_TEXTS}
                    GROUP BY ALL) GROUP BY metric""",
@@ -397,20 +400,22 @@ def _engine_window(
         n = pl.col("n").sum()
         per_engine = (
             kept.filter(pl.col("concept").is_in(GAUGES))
-            .group_by("k", "concept")
-            .agg(pl.when(n > 0).then(pl.col("v").sum() / n).alias("v"))
+            .group_by("k", "concept", maintain_order=True)
+            .agg(pl.when(n > 0).then(exact_total(pl.col("v")) / n).alias("v"))
         )
         v = pl.col("v")
-        got = per_engine.group_by("concept").agg(
-            pl.when(v.count() > 0).then(v.sum()).alias("total"), v.max().alias("top"), pl.len().alias("n")
+        got = per_engine.group_by("concept", maintain_order=True).agg(
+            pl.when(v.count() > 0).then(exact_total(v)).alias("total"),
+            v.max().alias("top"),
+            pl.len().alias("n"),
         )
         rows = list(got.iter_rows())
     elif reads_points(con, "engine_samples", rollup):  # the selected series, their points summed first
         rows = con.execute(
             f"""WITH s AS (SELECT series_id, {ENGINE_KEY_SQL} AS k, concept FROM engine_samples_series
                            WHERE concept {IN_TEXTS} AND {ENGINE_KEY_SQL} {IN_TEXTS})
-                SELECT concept, sum(v), max(v), count(*) FROM (
-                   SELECT k, concept, sum(v) / sum(n) AS v
+                SELECT concept, {exact_sum("v")}, max(v), count(*) FROM (
+                   SELECT k, concept, {exact_sum("v")} / sum(n) AS v
                    FROM {per_series_means("engine_samples")} JOIN s USING (series_id) GROUP BY ALL)
                 GROUP BY concept""",
             [texts(GAUGES), texts(keys), start_ns, end_ns],
@@ -418,8 +423,8 @@ def _engine_window(
     else:
         gauges = table_sql("engine_gauges", rollup, (start_ns, end_ns))
         rows = con.execute(
-            f"""SELECT concept, sum(v), max(v), count(*) FROM (
-                   SELECT {ENGINE_KEY_SQL} AS k, concept, avg(value) AS v FROM {gauges}
+            f"""SELECT concept, {exact_sum("v")}, max(v), count(*) FROM (
+                   SELECT {ENGINE_KEY_SQL} AS k, concept, {exact_avg("value")} AS v FROM {gauges}
                    WHERE ts_ns > ? AND ts_ns <= ? AND concept {IN_TEXTS}
                      AND {ENGINE_KEY_SQL} {IN_TEXTS} GROUP BY ALL) GROUP BY concept""",
             [start_ns, end_ns, texts(GAUGES), texts(keys)],

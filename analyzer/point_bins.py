@@ -13,6 +13,8 @@ took 0.111 s instead of 0.172 s (512 GPUs, medians of 9, load 2-3).
 
 from __future__ import annotations
 
+import polars as pl
+
 from collector.series import packed_name, recent_name, times_name
 
 
@@ -38,3 +40,44 @@ def binned_points(
             JOIN (SELECT tix, ts_ns, {bin_of} AS bin FROM {times_name(table)} WHERE {window}) AS t
             USING (tix){packed}
         )"""
+
+
+# Sums of doubles are not reproducible in DuckDB: its threads add partial sums in an order that
+# varies run to run and with the thread count, so the last bits of a sum vary, and a verdict
+# that compares fitted numbers with a threshold (the Cp hinge fit, the argmin over its grid)
+# could flip. Each addend is split into whole numbers: its integer part, then its fraction's
+# first and next FRACTION_BITS bits (the fraction rounded to 2^-52, ~2e-16), each summed apart:
+# sums of whole numbers are exact in a double while they stay under 2^53, so the same in any
+# order (for totals under ~9e15 and under 2^(53-FRACTION_BITS) = 134 M addends a group), and
+# the exact sums are combined once. Summing round(x * 10^12) as HUGEINTs was exact without
+# those limits but cost 0.2 s of a 512-GPU report (5.6 M bucket points summed twice).
+FRACTION_BITS = 26
+EXACT_DIGITS = 12  # polars sums (exact_total): decimals of 38 digits, 12 after the point
+
+
+def exact_sum(expr: str, where: str | None = None) -> str:
+    """SQL: the sum of ``expr`` (over the rows where ``where`` holds), the same in any order."""
+    x = expr if where is None else f"CASE WHEN {where} THEN {expr} END"
+    q = 1 << FRACTION_BITS
+    hi = f"(({x}) - floor({x})) * {q}"  # exact: a power of two times an exact difference
+    return f"(sum(floor({x})) + (sum(floor({hi})) + sum(round(({hi} - floor({hi})) * {q})) / {q}) / {q})"
+
+
+def exact_avg(expr: str) -> str:
+    """SQL: the mean of ``expr`` from its :func:`exact_sum` (NULL where no value counts)."""
+    return f"({exact_sum(expr)} / nullif(count({expr}), 0))"
+
+
+def exact_total(values: pl.Expr) -> pl.Expr:
+    """Polars: the sum of ``values`` (an aggregation), the same in any order.
+
+    Polars' float sums are not reproducible either (a group's result changed in the last bits
+    from one call to the next on the same frame); each value is rounded to 10^-EXACT_DIGITS as
+    a 38-digit decimal, summed exactly, and turned back into a float (NaN counts as NULL)."""
+    return values.cast(pl.Decimal(38, EXACT_DIGITS), strict=False).sum().cast(pl.Float64)
+
+
+def exact_mean(values: pl.Expr) -> pl.Expr:
+    """Polars: the mean of ``values`` from :func:`exact_total` (NULL where none counts)."""
+    counted = values.cast(pl.Decimal(38, EXACT_DIGITS), strict=False).count()
+    return pl.when(counted > 0).then(exact_total(values) / counted)

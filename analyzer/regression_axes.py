@@ -46,7 +46,7 @@ from analyzer.collectives import rank_waits
 from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, Deployment, texts
 from analyzer.latency import NS, counter_increases, in_shared_reads, reads_points, rollup_for, table_sql
 from analyzer.planner import span_filter
-from analyzer.point_bins import binned_points
+from analyzer.point_bins import binned_points, exact_sum, exact_total
 
 AXES = ("load", "context_length", "kv_pressure", "fabric_bytes", "clocks", "straggler_share")
 GAUGE_AXES = ("kv_pressure", "fabric_bytes", "clocks")  # sums and counts of samples per bin: additive
@@ -274,6 +274,9 @@ def has_points(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     return reads_points(con, table)
 
 
+_SUM = exact_sum("value")  # exact (analyzer.point_bins.exact_sum): the same in any order
+
+
 def _kv_rows(
     con: duckdb.DuckDBPyConnection, dep: Deployment, lo: int, hi: int, bin_ns: int, rollup: bool
 ) -> list[tuple[int, float, float]]:
@@ -283,7 +286,7 @@ def _kv_rows(
         bin_of = f"({int(-lo - 1)} + ts_ns) // {int(bin_ns)}"
         points = binned_points("engine_samples", "value", lo, hi, bin_of)
         return con.execute(
-            f"""SELECT bin AS b, sum(value), count(value) FROM {points} WHERE series_id IN (
+            f"""SELECT bin AS b, {_SUM}, count(value) FROM {points} WHERE series_id IN (
                    SELECT series_id FROM engine_samples_series WHERE concept = 'kv_usage_ratio'
                      AND {ENGINE_KEY_SQL} {IN_TEXTS}) GROUP BY b""",
             [texts(dep.engine_keys)],
@@ -291,7 +294,7 @@ def _kv_rows(
     source = f"""{table_sql("engine_gauges", rollup, (lo, hi))} WHERE concept = 'kv_usage_ratio'
           AND {ENGINE_KEY_SQL} {IN_TEXTS}"""
     return con.execute(
-        f"""SELECT (ts_ns - {int(lo)} - 1) // {int(bin_ns)} AS b, sum(value), count(value) FROM {source}
+        f"""SELECT (ts_ns - {int(lo)} - 1) // {int(bin_ns)} AS b, {_SUM}, count(value) FROM {source}
               AND ts_ns > {int(lo)} AND ts_ns <= {int(hi)} GROUP BY b""",
         [texts(dep.engine_keys)],
     ).fetchall()
@@ -308,8 +311,10 @@ def _gpu_rows(
     and count, over the deployment's GPUs. On the series layout (raw rows) only the points of
     those metrics' series are read, their metric class decided once per series."""
     lo, hi, bin_ns = int(lo), int(hi), int(bin_ns)  # SQL literals: a bound number costs a search for pandas
-    aggregates = """sum(value) FILTER (WHERE link), count(DISTINCT ts_ns) FILTER (WHERE link),
-                    sum(value) FILTER (WHERE clock), count(value) FILTER (WHERE clock)"""
+    # exact sums (analyzer.point_bins.exact_sum): the same in any order DuckDB adds them
+    link_sum, clock_sum = exact_sum("value", "link"), exact_sum("value", "clock")
+    aggregates = f"""{link_sum}, count(DISTINCT ts_ns) FILTER (WHERE link),
+                    {clock_sum}, count(value) FILTER (WHERE clock)"""
     if not rollup and has_points(con, "gpu_samples"):
         # bins from the timestamps (analyzer.point_bins); the sums of each sample time and class
         # first, so the link sample times are counted as groups, not a DISTINCT over the points:
@@ -320,9 +325,9 @@ def _gpu_rows(
                 SELECT series_id, {_LINK} AS link, {_CLOCK} AS clock FROM gpu_samples_series
                 WHERE uuid {IN_TEXTS} AND (({_LINK}) OR {_CLOCK})
             )
-            SELECT bin AS b, sum(v) FILTER (WHERE link), count(*) FILTER (WHERE link),
-                   sum(v) FILTER (WHERE NOT link), sum(n) FILTER (WHERE NOT link) FROM (
-                SELECT bin, ts_ns, link, sum(value) AS v, count(value) AS n
+            SELECT bin AS b, {exact_sum("v", "link")}, count(*) FILTER (WHERE link),
+                   {exact_sum("v", "NOT link")}, sum(n) FILTER (WHERE NOT link) FROM (
+                SELECT bin, ts_ns, link, {exact_sum("value")} AS v, count(value) AS n
                 FROM {points} JOIN s USING (series_id) GROUP BY bin, ts_ns, link
             ) GROUP BY b"""
         return con.execute(sql, [texts(dep.gpu_uuids)]).fetchall()
@@ -352,7 +357,7 @@ def _waits(con: duckdb.DuckDBPyConnection, comm_ids: list[str], lo: int, hi: int
     if waits.height == 0:
         return pl.DataFrame()
     return waits.group_by(["origin", "comm_id", "coll_sn"]).agg(
-        pl.col("t_us").min(), pl.col("last_rank").first(), pl.col("wait_us").sum().alias("blame_us")
+        pl.col("t_us").min(), pl.col("last_rank").first(), exact_total(pl.col("wait_us")).alias("blame_us")
     )
 
 
@@ -365,7 +370,7 @@ def _most_blamed(con: duckdb.DuckDBPyConnection, dep: Deployment, lo: int, hi: i
         return None
     top = (
         inst.group_by(["comm_id", "last_rank"])
-        .agg(pl.col("blame_us").sum())
+        .agg(exact_total(pl.col("blame_us")))
         .sort("blame_us", descending=True)
     )
     if not top.height or not (top["blame_us"][0] or 0) > 0:
@@ -382,8 +387,8 @@ def _blame_rows(
         return []
     binned = inst.with_columns(((pl.col("t_us") * 1000 - lo - 1) // bin_ns).cast(pl.Int64).alias("b"))
     agg = binned.group_by("b").agg(
-        pl.col("blame_us").filter(pl.col("last_rank") == target[1]).sum().alias("mine"),
-        pl.col("blame_us").sum().alias("all"),
+        exact_total(pl.col("blame_us").filter(pl.col("last_rank") == target[1])).alias("mine"),
+        exact_total(pl.col("blame_us")).alias("all"),
     )
     return [
         (int(b), float(m or 0.0), float(a or 0.0)) for b, m, a in agg.select("b", "mine", "all").iter_rows()

@@ -70,6 +70,7 @@ from analyzer.collectives import (
     instance_ids,
     values_of,
 )
+from analyzer.point_bins import exact_total
 from analyzer.straggler_causes import rank_gpus
 
 __all__ = [
@@ -178,7 +179,12 @@ def rank_tests(win: pl.DataFrame, th: Thresholds) -> pl.DataFrame:
     """Rule 4–5 pooled per rank over its evaluated windows: ``z, q, slowness, slow_overall``."""
     per = (
         win.group_by("rank")
-        .agg(pl.col("du").sum(), pl.col("var").sum(), pl.col("slowness").median(), pl.len().alias("windows"))
+        .agg(
+            exact_total(pl.col("du")),
+            exact_total(pl.col("var")),
+            pl.col("slowness").median(),
+            pl.len().alias("windows"),
+        )
         .sort("rank")
     )
     z = (per["du"] / per["var"].sqrt()).fill_nan(0.0).to_numpy()
@@ -287,10 +293,10 @@ def blame_by_window(waits: pl.DataFrame, window_us: float) -> pl.DataFrame:
     inst = w.group_by("_g").agg(
         pl.col("window").first(),
         pl.col("last_rank").first().alias("rank"),
-        pl.col("wait_us").sum().alias("blame_us"),
+        exact_total(pl.col("wait_us")).alias("blame_us"),
     )
-    caused = inst.group_by(["window", "rank"]).agg(pl.col("blame_us").sum())
-    waited = w.group_by(["window", "rank"]).agg(pl.col("wait_us").sum().alias("waited_us"))
+    caused = inst.group_by(["window", "rank"]).agg(exact_total(pl.col("blame_us")))
+    waited = w.group_by(["window", "rank"]).agg(exact_total(pl.col("wait_us")).alias("waited_us"))
     n_inst = inst.group_by("window").agg(pl.len().alias("instances"))
     out = waited.join(caused, on=["window", "rank"], how="left").with_columns(
         pl.col("blame_us").fill_null(0.0)

@@ -1,0 +1,60 @@
+"""One store file gives one report: bit for bit the same JSON on every run and for any number of
+DuckDB threads.
+
+DuckDB sums doubles in parallel, each thread a part of the rows, and adds the parts in whatever
+order the threads finish; polars' float sums also changed in the last bits from one call to the
+next. The report's fits compare such sums with thresholds (Cp's hinge fit picks the least squared
+error on a grid), so a last-bit change could turn a verdict. The analyzer sums exactly
+(``analyzer.point_bins.exact_sum``/``exact_total``), which no order changes.
+
+Input: the benchmark's generated telemetry (``bench.bench_envelope.generate``: 16 GPUs and 4
+engines at 1 Hz for an hour, with rollups), large enough that every raw table the report sums
+spans more than one DuckDB row group (122,880 rows), so its aggregates do run in parallel. This
+test judges no verdict, only that the same input gives the same output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from analyzer.deployments import list_deployments
+from analyzer.report import deployment_report
+from analyzer.thresholds import Thresholds
+from bench.bench_envelope import NS, T0, generate
+
+MINUTES = 60
+ROW_GROUP = 122_880
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("det") / "store.duckdb"
+    counts = generate(path, MINUTES / 60, gpus=16, engines=4, chunk_s=600)
+    assert all(counts[t] > ROW_GROUP for t in ("gpu_samples", "engine_samples", "histogram_buckets")), counts
+    return path
+
+
+def _report(path: Path, threads: int) -> str:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        con.execute(f"SET threads = {int(threads)}")
+        end = T0 + MINUTES * 60 * NS
+        dep = list_deployments(con, end - 900 * NS)[0]
+        report = deployment_report(con, dep, end - 900 * NS, end, Thresholds())
+    finally:
+        con.close()
+    return json.dumps(report, sort_keys=True, default=str)
+
+
+def test_report_is_identical_for_any_thread_count_and_run(store: Path) -> None:
+    one = _report(store, 1)
+    assert '"cp"' in one and '"regression"' in one
+    runs = [_report(store, t) for t in (4, 4, 1, 4, 2, 4)]
+    for i, got in enumerate(runs):
+        if got != one:
+            a, b = json.loads(one), json.loads(got)
+            diff = sorted(k for k in a if a[k] != b.get(k))
+            pytest.fail(f"run {i + 1} differs from the single-threaded report in {diff}")
