@@ -266,9 +266,8 @@ def _running_bins(
     engine's value its mean over the bin (``bin, running, kv``)."""
     # exact sums and means (analyzer.point_bins.exact_sum): the same in any order DuckDB adds them
     running_sum = exact_sum("v", "concept = 'requests_running'")
-    kv_sum = exact_sum("v", "concept = 'kv_usage_ratio'")
-    kv_n = "nullif(count(v) FILTER (WHERE concept = 'kv_usage_ratio'), 0)"
-    outer = f"SELECT b AS bin, {running_sum} AS running, {kv_sum} / {kv_n} AS kv"
+    kv_mean = exact_avg("v", "concept = 'kv_usage_ratio'")
+    outer = f"SELECT b AS bin, {running_sum} AS running, {kv_mean} AS kv"
     if reads_points(con, "engine_samples", rollup):
         # the engines' gauge series summed per bin (_series_bins), each engine's mean of a bin
         # the sum over its series' points ÷ their count
@@ -399,10 +398,8 @@ def _gpu_bins(
         return got.cast({"bin": pl.Int64, "sm": pl.Float64, "dram": pl.Float64})
     got = con.execute(  # the numbers as SQL literals (a bound integer costs the client a search for pandas)
         f"""SELECT CAST((ts_ns - {start_ns} - 1) // {bin_ns} AS BIGINT) AS bin,
-                  {exact_sum("value", "metric = 'sm_active_ratio'")}
-                    / nullif(count(value) FILTER (WHERE metric = 'sm_active_ratio'), 0) AS sm,
-                  {exact_sum("value", "metric = 'dram_active_ratio'")}
-                    / nullif(count(value) FILTER (WHERE metric = 'dram_active_ratio'), 0) AS dram
+                  {exact_avg("value", "metric = 'sm_active_ratio'")} AS sm,
+                  {exact_avg("value", "metric = 'dram_active_ratio'")} AS dram
            FROM {table_sql("gpu_samples", rollup, (start_ns, end_ns))}
            WHERE ts_ns > {start_ns} AND ts_ns <= {end_ns}
              AND uuid {IN_TEXTS}

@@ -55,17 +55,23 @@ FRACTION_BITS = 26
 EXACT_DIGITS = 12  # polars sums (exact_total): decimals of 38 digits, 12 after the point
 
 
+def _only(expr: str, where: str | None) -> str:
+    """``expr`` where ``where`` holds, else NULL (which sums and counts skip)."""
+    return expr if where is None else f"CASE WHEN {where} THEN {expr} END"
+
+
 def exact_sum(expr: str, where: str | None = None) -> str:
     """SQL: the sum of ``expr`` (over the rows where ``where`` holds), the same in any order."""
-    x = expr if where is None else f"CASE WHEN {where} THEN {expr} END"
+    x = _only(expr, where)
     q = 1 << FRACTION_BITS
     hi = f"(({x}) - floor({x})) * {q}"  # exact: a power of two times an exact difference
     return f"(sum(floor({x})) + (sum(floor({hi})) + sum(round(({hi} - floor({hi})) * {q})) / {q}) / {q})"
 
 
-def exact_avg(expr: str) -> str:
-    """SQL: the mean of ``expr`` from its :func:`exact_sum` (NULL where no value counts)."""
-    return f"({exact_sum(expr)} / nullif(count({expr}), 0))"
+def exact_avg(expr: str, where: str | None = None) -> str:
+    """SQL: the mean of ``expr`` (over the rows where ``where`` holds) from its :func:`exact_sum`
+    (NULL where no value counts)."""
+    return f"({exact_sum(expr, where)} / nullif(count({_only(expr, where)}), 0))"
 
 
 def exact_total(values: pl.Expr) -> pl.Expr:
