@@ -19,7 +19,16 @@ from typing import Any
 
 import polars as pl
 import pytest
-from test_stored_increases import BASE, ENGINE, HOUR, NS, _counter, _same, assert_regrouped, history
+from test_stored_increases import (
+    BASE,
+    ENGINE,
+    NS,
+    _counter,
+    _same,
+    assert_regrouped,
+    history,
+    write_history,
+)
 
 import analyzer.latency as latency
 from collector.records import frame
@@ -41,16 +50,7 @@ def _history() -> list[tuple[str, pl.DataFrame]]:
 
 
 def _write(path: Path, retention: Retention | None = None) -> Store:
-    writes = _history()
-    with Store(path) as st:
-        for table, rows in writes[:14]:
-            st.write(table, rows)
-        st.pack(BASE + 3 * HOUR)  # both hours packed: later points land before packed ones
-        for table, rows in writes[14:20]:
-            st.write(table, rows)
-    st = Store(path)  # a writer reopened on its file
-    for table, rows in writes[20:]:
-        st.write(table, rows)
+    st = write_history(path, _history())
     st.maintain(now_ns=END, retention=retention)
     return st
 

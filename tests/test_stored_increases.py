@@ -119,14 +119,21 @@ def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 def _written(path: Path) -> Store:
     writes = _history()
+    assert len(writes) == 26
+    return write_history(path, writes)
+
+
+def write_history(path: Path, writes: list[tuple[str, pl.DataFrame]]) -> Store:
+    """``writes`` (a :func:`history`) written to a store at ``path``: the first 14 writes, both
+    hours packed, 6 more, then the rest by a writer reopened on its file, which knows each series'
+    last point again. Returns that writer, open."""
     with Store(path) as st:
         for table, rows in writes[:14]:
             st.write(table, rows)
         st.pack(BASE + 3 * HOUR)  # both hours packed: later points land before packed ones
         for table, rows in writes[14:20]:
             st.write(table, rows)
-    st = Store(path)  # a writer reopened on its file knows each series' last point again
-    assert len(writes) == 26
+    st = Store(path)
     for table, rows in writes[20:]:
         st.write(table, rows)
     return st
