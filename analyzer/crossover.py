@@ -55,7 +55,7 @@ from analyzer.critical_path import RANK_SHARE_SQL, rank_share_params
 from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, Deployment, texts
 from analyzer.latency import NS, binned_quantiles, counter_increases, reads_points, rollup_for, table_sql
 from analyzer.latency import report_memo as latency_memo
-from analyzer.point_bins import binned_points, exact_avg, exact_mean, exact_sum, exact_total
+from analyzer.point_bins import binned_points, exact_avg, exact_mean, exact_ratio, exact_sum, exact_total
 from analyzer.thresholds import Thresholds
 
 DRAM_PRACTICAL_CEILING = 0.8  # REFERENCE §1
@@ -274,9 +274,8 @@ def _running_bins(
         got = _series_bins(con, "engine", texts(keys), start_ns, end_ns, bin_ns).filter(
             pl.col("concept").is_in(["requests_running", "kv_usage_ratio"])
         )
-        n = pl.col("n").sum()
         per_engine = got.group_by("bin", "k", "concept", maintain_order=True).agg(
-            pl.when(n > 0).then(exact_total(pl.col("v")) / n).alias("v")
+            exact_ratio(pl.col("v"), pl.col("n")).alias("v")
         )
         running = pl.col("v").filter(pl.col("concept") == "requests_running")
         kv = pl.col("v").filter(pl.col("concept") == "kv_usage_ratio")
@@ -379,8 +378,7 @@ def engine_window_sums(
 def _ratio(metric: str) -> pl.Expr:
     """sum(v) / sum(n) of ``metric``'s rows, NULL where it has no counted value (as SQL's)."""
     of = pl.col("metric") == metric
-    v, n = pl.col("v").filter(of), pl.col("n").filter(of)
-    return pl.when(n.sum() > 0).then(exact_total(v) / n.sum()).otherwise(None).alias(metric)
+    return exact_ratio(pl.col("v").filter(of), pl.col("n").filter(of)).alias(metric)
 
 
 def _gpu_bins(

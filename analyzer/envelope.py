@@ -109,7 +109,7 @@ from analyzer.latency import (
     window_means,
     window_quantiles,
 )
-from analyzer.point_bins import exact_avg, exact_mean, exact_sum, exact_total
+from analyzer.point_bins import exact_avg, exact_mean, exact_ratio, exact_sum, exact_total
 from analyzer.thresholds import Thresholds
 
 ZONES = ("compute", "hbm_bandwidth", "kv_capacity", "network")
@@ -354,7 +354,7 @@ def _gpu_means(
         per_gpu = (
             kept.filter(pl.col("metric").is_in(GPU_METRICS))
             .group_by("uuid", "metric", maintain_order=True)
-            .agg(pl.when(pl.col("n").sum() > 0).then(exact_total(pl.col("v")) / pl.col("n").sum()).alias("v"))
+            .agg(exact_ratio(pl.col("v"), pl.col("n")).alias("v"))
         )
         got = per_gpu.group_by("metric", maintain_order=True).agg(
             exact_mean(pl.col("v")).alias("mean"), pl.col("v").max().alias("top")
@@ -397,11 +397,10 @@ def _engine_window(
         else engine_window_sums(con, keys, start_ns, end_ns)
     )
     if kept is not None:  # the load bins' engine gauge sums of this window (crossover._series_bins)
-        n = pl.col("n").sum()
         per_engine = (
             kept.filter(pl.col("concept").is_in(GAUGES))
             .group_by("k", "concept", maintain_order=True)
-            .agg(pl.when(n > 0).then(exact_total(pl.col("v")) / n).alias("v"))
+            .agg(exact_ratio(pl.col("v"), pl.col("n")).alias("v"))
         )
         v = pl.col("v")
         got = per_engine.group_by("concept", maintain_order=True).agg(

@@ -83,6 +83,13 @@ def exact_total(values: pl.Expr) -> pl.Expr:
     return values.cast(pl.Decimal(38, EXACT_DIGITS), strict=False).sum().cast(pl.Float64)
 
 
+def exact_ratio(values: pl.Expr, counts: pl.Expr) -> pl.Expr:
+    """Polars: :func:`exact_total` of ``values`` over the sum of ``counts`` (an aggregation; NULL
+    where the counts sum to 0): a gauge's mean from per-series sums and counts."""
+    n = counts.sum()
+    return pl.when(n > 0).then(exact_total(values) / n)
+
+
 def exact_mean(values: pl.Expr) -> pl.Expr:
     """Polars: the mean of ``values`` from :func:`exact_total` (NULL where none counts)."""
     counted = values.cast(pl.Decimal(38, EXACT_DIGITS), strict=False).count()
