@@ -5,7 +5,8 @@ DuckDB sums doubles in parallel, each thread a part of the rows, and adds the pa
 order the threads finish; polars' float sums also changed in the last bits from one call to the
 next. The report's fits compare such sums with thresholds (Cp's hinge fit picks the least squared
 error on a grid), so a last-bit change could turn a verdict. The analyzer sums exactly
-(``analyzer.point_bins.exact_sum``/``exact_total``), which no order changes.
+(``analyzer.point_bins.exact_sum``/``exact_total``), which no order changes; the window's final
+minutes come from the rollups (``analyzer.latency`` rule 12), summed exactly as well.
 
 Input: the benchmark's generated telemetry (``bench.bench_envelope.generate``: 16 GPUs and 4
 engines at 1 Hz for an hour, with rollups), large enough that every raw table the report sums
@@ -20,6 +21,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
+import analyzer.latency as latency
 from analyzer.deployments import list_deployments
 from analyzer.report import deployment_report
 from analyzer.thresholds import Thresholds
@@ -50,6 +52,9 @@ def _report(path: Path, threads: int) -> str:
 
 
 def test_report_is_identical_for_any_thread_count_and_run(store: Path) -> None:
+    with duckdb.connect(str(store), read_only=True) as con:  # the window's final minutes from the rollups
+        end = T0 + MINUTES * 60 * NS
+        assert latency._used_minutes(con, "histogram_buckets", end - 900 * NS, end, 60 * NS) is not None
     one = _report(store, 1)
     assert '"cp"' in one and '"regression"' in one
     runs = [_report(store, t) for t in (4, 4, 1, 4, 2, 4)]
