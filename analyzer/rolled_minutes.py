@@ -94,10 +94,14 @@ def summed_with_minutes(
     """Rules 2-5's statement: ``[described..., bin, name, lookback]``, ``lookback`` true when the
     read range had a point before the window (rule 4; the same on every row).
 
-    ``p``: the points outside the used minutes, and those at a used minute's first instant on a
-    bin edge (``edge``: rule 3), summed by series and bin as analyzer.latency rule 9's statement
-    does (look-back bins negative; packed points binned by their timestamp,
-    :func:`analyzer.point_bins.binned_points`, the minutes left out there, on the timestamps).
+    ``p``: the window's points outside the used minutes, and those at a used minute's first
+    instant on a bin edge (``edge``: rule 3; the window's start may be one, in the look-back's
+    bin -1), summed by series and bin as analyzer.latency rule 9's statement does (packed points
+    binned by their timestamp, :func:`analyzer.point_bins.binned_points`, the minutes left out
+    there, on the timestamps). ``seen``: the series with a point in the look-back, whose sums
+    no bin needs (rule 9 asks only which series have one; summing the look-back's points, 62 %
+    of those a 15-minute window of 512 GPUs' buckets reads here, took that read 0.33-0.49 s
+    against 0.17-0.19 s, load 2.3).
     ``r``: the used minutes' rollup rows summed by ``described`` and bin (a minute's bin is that
     of its second instant). ``v``: each series' sums in the window, the edge points taken out of
     the next bin, the fresh series' first points (``f``) taken out of theirs. ``window`` = (start,
@@ -109,8 +113,10 @@ def summed_with_minutes(
     m = -(-(start - lower) // bin_ns) + 1  # look-back bins: every dividend below is positive
     bin_of = f"CAST((ts_ns - {start - m * bin_ns} - 1) // {bin_ns} AS BIGINT) - {m}"
     firsts = [str(t) for t in range(a, b, MIN_NS) if (t - start) % bin_ns == 0]  # rule 3
-    within = f"ts_ns < {a} OR ts_ns >= {b}" + (f" OR ts_ns IN ({', '.join(firsts)})" if firsts else "")
+    within = f"ts_ns > {start} AND (ts_ns < {a} OR ts_ns >= {b})"
+    within += f" OR ts_ns IN ({', '.join(firsts)})" if firsts else ""
     points = binned_points(table, "increase", lower, end, bin_of, ids, within)
+    before = binned_points(table, "increase", lower, start, "0", ids)
     cols = described.split(", ")
     out = ", ".join([cols[0], "bin", *cols[1:]])
     return f"""
@@ -119,9 +125,10 @@ def summed_with_minutes(
         ), p AS MATERIALIZED (
             SELECT series_id, bin, ts_ns >= {a} AND ts_ns < {b} AS edge, {exact_sum("increase")} AS inc
             FROM {points} GROUP BY ALL
+        ), seen AS MATERIALIZED (
+            SELECT DISTINCT series_id FROM {before}
         ), fresh AS (
-            SELECT series_id FROM ser
-            ANTI JOIN (SELECT series_id FROM p GROUP BY series_id HAVING min(bin) < 0) USING (series_id)
+            SELECT series_id FROM ser ANTI JOIN seen USING (series_id)
         ), f AS (
             SELECT series_id, CAST((min(ts_ns) - {start} - 1) // {bin_ns} AS BIGINT) AS bin,
                    arg_min_null(increase, ts_ns) AS inc0
@@ -143,4 +150,4 @@ def summed_with_minutes(
                 SELECT {", ".join(f"ser.{c}" for c in cols)}, v.bin, v.inc FROM v JOIN ser USING (series_id)
                 UNION ALL SELECT * FROM r
             ) GROUP BY {out}
-        ) AS g, (SELECT count(*) > 0 AS lookback FROM p WHERE bin < 0) AS k ORDER BY {out}"""
+        ) AS g, (SELECT count(*) > 0 AS lookback FROM seen) AS k ORDER BY {out}"""
