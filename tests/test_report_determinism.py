@@ -63,3 +63,27 @@ def test_report_is_identical_for_any_thread_count_and_run(store: Path) -> None:
             a, b = json.loads(one), json.loads(got)
             diff = sorted(k for k in a if a[k] != b.get(k))
             pytest.fail(f"run {i + 1} differs from the single-threaded report in {diff}")
+
+
+def _rolled(path: Path, threads: int) -> list[list[dict[str, object]]]:
+    """The window's bucket and counter increases in 60 s bins with the final minutes from the
+    rollups (analyzer.latency rule 12), at ``threads`` DuckDB threads."""
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        con.execute(f"SET threads = {int(threads)}")
+        end = T0 + MINUTES * 60 * NS
+        lo = end - 900 * NS
+        counters = ["generation_tokens_total", "ttft_seconds_sum"]
+        return [
+            latency.bucket_increases(con, lo, end, bin_s=60.0, rollup=False).to_dicts(),
+            latency.counter_increases(con, lo, end, counters, bin_s=60.0, rollup=False).to_dicts(),
+        ]
+    finally:
+        con.close()
+
+
+def test_the_rolled_minute_reads_are_identical_for_any_thread_count(store: Path) -> None:
+    one = _rolled(store, 1)
+    assert all(one)
+    for threads in (4, 2, 4):
+        assert _rolled(store, threads) == one
