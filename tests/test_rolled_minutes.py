@@ -31,6 +31,12 @@ from collector.store import Store
 COUNTERS = ["generation_tokens_total", "prompt_tokens_total"]
 
 
+@pytest.fixture(autouse=True)
+def _any_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rule 12 on these few hand-built series (below ``ROLLED_MIN_SERIES`` it reads the points)."""
+    monkeypatch.setattr(latency, "ROLLED_MIN_SERIES", 0)
+
+
 @contextmanager
 def _points_only() -> Iterator[None]:
     """Rule 9 alone: no minute read from the rollups."""
@@ -248,3 +254,22 @@ def test_fractional_counts_move_only_in_the_last_bits(tmp_path: Path) -> None:
                 assert abs(x - y) <= 2e-15 * abs(y), (bin_s, x, y)
                 moved += x != y
         assert moved > 0  # the rounding this test is about does happen
+
+
+def test_a_small_selection_reads_the_points(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below ``ROLLED_MIN_SERIES`` selected series the window is read from the points alone (the
+    rule's fixed cost is more than the points it saves): with every rollup increase made 1,000
+    larger, the three counter series ("a", "b", "c") read what the points say under a threshold
+    of 4 and the inflated minutes under one of 3."""
+    with _write(tmp_path / "t.duckdb") as st:
+        st.con.execute("UPDATE engine_samples_1m SET increase = increase + 1000")
+        with st.cursor() as cur:
+            kw: dict[str, Any] = {"start_ns": BASE + 3600 * NS, "end_ns": BASE + 4500 * NS, "rollup": False}
+            with _points_only():
+                want = latency.counter_increases(cur, concepts=COUNTERS, **kw).to_dicts()
+            monkeypatch.setattr(latency, "ROLLED_MIN_SERIES", 4)
+            small = latency.counter_increases(cur, concepts=COUNTERS, **kw).to_dicts()
+            monkeypatch.setattr(latency, "ROLLED_MIN_SERIES", 3)
+            large = latency.counter_increases(cur, concepts=COUNTERS, **kw).to_dicts()
+    assert small == want
+    assert large != want
