@@ -50,12 +50,22 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analyzer import catalog
+from analyzer import catalog, latency
 from analyzer.critical_path import RANK_SHARE_SQL, rank_share_params
 from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, Deployment, texts
-from analyzer.latency import NS, binned_quantiles, counter_increases, reads_points, rollup_for, table_sql
+from analyzer.latency import (
+    NS,
+    binned_quantiles,
+    counter_increases,
+    reads_points,
+    rollup_columns,
+    rollup_for,
+    rollup_watermark,
+    table_sql,
+)
 from analyzer.latency import report_memo as latency_memo
 from analyzer.point_bins import binned_points, exact_avg, exact_mean, exact_ratio, exact_sum, exact_total
+from analyzer.rolled_minutes import GAUGE_ROLLUPS, gauge_check_sql, gauge_sums_with_minutes, used_minutes
 from analyzer.thresholds import Thresholds
 
 DRAM_PRACTICAL_CEILING = 0.8  # REFERENCE §1
@@ -340,7 +350,12 @@ def _series_bins(
               JOIN s USING (series_id) ORDER BY series_id, bin"""
 
     def run() -> pl.DataFrame:
-        got = con.execute(sql, [ids]).pl()
+        used = _rolled_gauges(con, table, where, ids, (start_ns, end_ns, bin_ns))
+        if used is None:
+            got = con.execute(sql, [ids]).pl()
+        else:  # the window's final minutes from the rollup (analyzer.rolled_minutes rules 7-11)
+            rolled = gauge_sums_with_minutes(table, described, where, (start_ns, end_ns, bin_ns), used)
+            got = con.execute(rolled, [ids, ids]).pl()
         return got.cast({"bin": pl.Int64, "v": pl.Float64, "n": pl.Int64})
 
     memo = latency_memo("series_bins")
@@ -350,6 +365,25 @@ def _series_bins(
     if (start_ns, bin_ns) not in kept:
         kept[(start_ns, bin_ns)] = run()
     return kept[(start_ns, bin_ns)]
+
+
+def _rolled_gauges(
+    con: duckdb.DuckDBPyConnection, table: str, where: str, ids: str, window: tuple[int, int, int]
+) -> tuple[int, int] | None:
+    """The minutes ``[a, b)`` of ``window`` (start, end, bin) that :func:`_series_bins` reads
+    from the rollup of ``table`` (analyzer.rolled_minutes rules 7-11), or None: a table with a
+    gauge rollup, a selection of at least ``ROLLED_MIN_SERIES`` series, final minutes that fit
+    the bins, a point kept before them and no NULL value in them."""
+    if table not in GAUGE_ROLLUPS or not {"avg", "n"} <= rollup_columns(con, table):
+        return None
+    used = used_minutes(rollup_watermark(con), *window)
+    if used is None:
+        return None
+    row = con.execute(f"SELECT count(*) FROM {table}_series WHERE {where}", [ids]).fetchone()
+    if not row or int(row[0]) < latency.ROLLED_MIN_SERIES:
+        return None
+    row = con.execute(gauge_check_sql(table, used)).fetchone()
+    return used if row and row[0] and not row[1] else None
 
 
 def _window_sums(

@@ -599,6 +599,16 @@ def _looked_back(
     return bool(row and row[0])
 
 
+def rollup_columns(con: duckdb.DuckDBPyConnection, table: str) -> frozenset[str]:
+    """The columns of the rollup of ``table`` here (empty where none; asked once per report: rule 8)."""
+    return _catalog(con).get(f"{table}_1m", frozenset())
+
+
+def rollup_watermark(con: duckdb.DuckDBPyConnection) -> int:
+    """The store's rollup watermark (analyzer.rolled_minutes rule 1), read once per report (rule 8)."""
+    return _shared((id(con), "rollup_watermark"), lambda: watermark(con))
+
+
 def _used_minutes(
     con: duckdb.DuckDBPyConnection, table: str, start_ns: int, end_ns: int, bin_ns: int
 ) -> tuple[int, int] | None:
@@ -606,8 +616,7 @@ def _used_minutes(
     (the watermark and whether the rollup keeps increases asked once per report: rule 8)."""
     if not _rollup_sums(con, table):
         return None
-    mark = _shared((id(con), "rollup_watermark"), lambda: watermark(con))
-    return used_minutes(mark, start_ns, end_ns, bin_ns)
+    return used_minutes(rollup_watermark(con), start_ns, end_ns, bin_ns)
 
 
 def bucket_increases(
