@@ -53,6 +53,16 @@ COLLECTOR_MEMORY_LIMIT = "32MB"
 # minutes behind: the raw points are there for any reader meanwhile. bench/results/sidecar.md.
 COLLECTOR_MAINTENANCE_INTERVAL_S = 300.0
 
+# Seconds between the writer's flushes when ``flush_interval_s`` is unset: with the API, whose
+# readers see rows once flushed, and for a collector-only agent, which nothing reads meanwhile. Each
+# flush appends each table once; part of its cost is per statement (the commit, the lookups), so
+# 30 s flushes cost the bench's node (8 GPUs + 2 engines at 1 Hz, replayed in process) ~0.5-0.9 ms
+# of CPU a second less than 10 s ones, ~20-30 % of the writes; 60 s saved nothing more. The queue
+# then holds up to 30 s of scrapes (~3 MB for that node); a crash loses what it holds, a clean stop
+# flushes it. bench/results/sidecar.md, round 9.
+FLUSH_INTERVAL_S = 10.0
+COLLECTOR_FLUSH_INTERVAL_S = 30.0
+
 # What serves the listen port while the sources run: called with the agent once it runs, entered
 # before the sources start and left after they stop (the API: api.agent.serve_api).
 Frontend = Callable[["Agent"], AbstractAsyncContextManager[Any]]
@@ -74,6 +84,14 @@ def maintenance_interval_s(settings: Settings) -> float:
     if settings.maintenance_interval_s:
         return float(settings.maintenance_interval_s)
     return MAINTENANCE_INTERVAL_S if settings.api_enabled else COLLECTOR_MAINTENANCE_INTERVAL_S
+
+
+def flush_interval_s(settings: Settings) -> float:
+    """``flush_interval_s`` as set, else :data:`COLLECTOR_FLUSH_INTERVAL_S` for a collector-only
+    agent and :data:`FLUSH_INTERVAL_S` with the API."""
+    if settings.flush_interval_s:
+        return float(settings.flush_interval_s)
+    return FLUSH_INTERVAL_S if settings.api_enabled else COLLECTOR_FLUSH_INTERVAL_S
 
 
 def build_readers(settings: Settings) -> list[Reader]:
@@ -110,7 +128,7 @@ class Agent:
         self.writer = WriterThread(
             self.queue,
             self.store,
-            flush_interval_s=settings.flush_interval_s,
+            flush_interval_s=flush_interval_s(settings),
             on_stored=self.metrics.stored,
             on_error=lambda t, n, e: self.metrics.dropped("write_error", n),
         )

@@ -20,6 +20,10 @@ Rules:
    batches. The writer calls it with True after the flush that wrote everything queued before
    it, or with False when a store failure (I/O, memory) dropped rows of that flush, so the
    source reads those bytes again.
+4. A flush comes every ``flush_interval_s``, and sooner once half the queue's capacity has been
+   collected, so a long interval never lets the queue fill and drop batches on a node with many
+   targets. A clean stop (:meth:`WriterThread.stop`) flushes everything queued before it; a crash
+   loses what was queued and not yet flushed (at most ``flush_interval_s`` of rows).
 """
 
 from __future__ import annotations
@@ -137,8 +141,11 @@ class WriterThread(threading.Thread):
             self._acknowledge(acks, self._flush(pending))
             if flush_asked:
                 self._flushed.set()
-        pending, _, acks = self._collect(time.monotonic())
-        self._acknowledge(acks, self._flush(pending))
+        while True:  # rule 4: everything queued before the stop, half a queue at a time
+            pending, _, acks = self._collect(time.monotonic())
+            self._acknowledge(acks, self._flush(pending))
+            if not pending and not acks and self.source.queue.empty():
+                break
         self._flushed.set()
 
     @staticmethod
@@ -160,7 +167,12 @@ class WriterThread(threading.Thread):
         callbacks queued behind them."""
         pending: dict[str, list[Any]] = defaultdict(list)
         acks: list[Callable[[bool], None]] = []
+        size = self.source.queue.maxsize
+        room = max(1, size // 2) if size > 0 else 1 << 62  # rule 4: flush at half the queue's capacity
+        collected = 0
         while True:
+            if collected >= room:
+                return pending, False, acks
             remaining = deadline - time.monotonic()
             try:
                 if remaining > 0:
@@ -176,6 +188,7 @@ class WriterThread(threading.Thread):
                 acks.append(frame)
             elif frame is not None:
                 pending[table].append(frame)
+                collected += 1
             elif self._stopping.is_set():  # the stop sentinel: flush what was collected now
                 return pending, False, acks
 
