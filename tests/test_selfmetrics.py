@@ -4,6 +4,9 @@ process without OpenSSL (ioe.sidecar rule 4) and its maintenance and flush inter
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -118,3 +121,41 @@ def test_flush_interval_unset_depends_on_the_mode() -> None:
     assert flush_interval_s(Settings(api_enabled=True, flush_interval_s=0.5)) == 0.5
     with pytest.raises(ValueError, match="flush_interval_s"):
         Settings(flush_interval_s=0)
+
+
+_ARENAS = """
+import ctypes, sys, threading
+from ioe.sidecar import one_malloc_arena
+if sys.argv[1] == "one":
+    assert one_malloc_arena()
+keep = []
+def work():
+    keep.extend(bytearray(4000) for _ in range(50))  # glibc malloc, below its mmap threshold
+threads = [threading.Thread(target=work) for _ in range(3)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+ctypes.CDLL(None).malloc_stats()  # one "Arena N:" section per arena, on stderr
+"""
+
+
+def test_collector_threads_share_one_malloc_arena() -> None:
+    """ioe.sidecar rule 5: with one_malloc_arena, threads that allocate use the main arena; without
+    it glibc gives them arenas of their own."""
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+
+    def arenas(mode: str) -> int:
+        got = subprocess.run(
+            [sys.executable, "-c", _ARENAS, mode], capture_output=True, text=True, env=env, check=True
+        )
+        return got.stderr.count("Arena ")
+
+    assert arenas("one") == 1
+    assert arenas("default") > 1
+    env["MALLOC_ARENA_MAX"] = "2"  # set by whoever started it: left to glibc
+    got = subprocess.run(
+        [sys.executable, "-c", "from ioe.sidecar import one_malloc_arena; print(one_malloc_arena())"],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    assert got.stdout.strip() == "False"
