@@ -125,13 +125,17 @@ class WriterThread(threading.Thread):
         flush_interval_s: float = 1.0,
         on_stored: Callable[[str, int], None] | None = None,
         on_error: Callable[[str, int, Exception], None] | None = None,
+        after_flush: Callable[[], None] | None = None,
     ):
+        """``after_flush``: called on this thread after each flush that wrote rows (the agent hands
+        freed memory back to the system there)."""
         super().__init__(name="ioe-writer", daemon=True)
         self.source = source
         self.store = store
         self.flush_interval_s = flush_interval_s
         self._on_stored = on_stored or (lambda t, n: None)
         self._on_error = on_error or (lambda t, n, e: None)
+        self._after_flush = after_flush
         self._stopping = threading.Event()
         self._flushed = threading.Event()
 
@@ -153,6 +157,9 @@ class WriterThread(threading.Thread):
             source.wake.clear()
             pending, flush_asked, acks = self._collect(time.monotonic())
             self._acknowledge(acks, self._flush(pending))
+            if pending and self._after_flush is not None:
+                del pending  # the flush's rows are garbage now, before the callback runs
+                self._call_after_flush()
             if flush_asked:
                 self._flushed.set()
         while True:  # rule 4: everything queued before the stop, half a queue at a time
@@ -161,6 +168,13 @@ class WriterThread(threading.Thread):
             if not pending and not acks and self.source.queue.empty():
                 break
         self._flushed.set()
+
+    def _call_after_flush(self) -> None:
+        try:
+            if self._after_flush is not None:
+                self._after_flush()
+        except Exception:
+            log.exception("after-flush callback failed")
 
     @staticmethod
     def _acknowledge(acks: list[Callable[[bool], None]], committed: bool) -> None:

@@ -142,3 +142,29 @@ def test_stop_flushes_everything_queued_half_a_queue_at_a_time() -> None:
     w.start()
     w.stop()
     assert store.count("gpu_samples") == 27 and q.queue.empty()
+
+
+def test_after_flush_runs_once_per_flush_that_wrote_rows() -> None:
+    """The agent trims malloc's free pages there (collector.agent.trim_malloc); a failing callback
+    costs no rows."""
+    from collector.agent import trim_malloc
+
+    store = Store()
+    q = QueueSink(100)
+    calls: list[int] = []
+
+    def after() -> None:
+        calls.append(store.count("gpu_samples"))  # the flush's rows are in the store by then
+        trim_malloc()
+        raise RuntimeError("a callback that fails")
+
+    w = WriterThread(q, store, flush_interval_s=0.05, after_flush=after)
+    w.start()
+    q.write("gpu_samples", _rows(3))
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)  # empty flushes meanwhile: no call
+    q.write("gpu_samples", _rows(2, start=10))
+    w.stop()
+    assert calls == [3, 5] and store.count("gpu_samples") == 5
