@@ -19,15 +19,22 @@ from collector.series import packed_name, recent_name, times_name
 
 
 def binned_points(
-    table: str, values: str, lower: int, upper: int, bin_of: str, ids: tuple[int, int] | None = None
+    table: str,
+    values: str,
+    lower: int,
+    upper: int,
+    bin_of: str,
+    ids: tuple[int, int] | None = None,
+    within: str | None = None,
 ) -> str:
     """A subquery: the points of ``table`` with ``lower < ts_ns <= upper`` (and ``series_id``
-    between ``ids``, inclusive, where given), as rows ``series_id, bin, ts_ns, values...``.
+    between ``ids``, inclusive, where given, and ``within`` true where given), as rows
+    ``series_id, bin, ts_ns, values...``.
 
-    ``values``: the value columns, comma-separated; ``bin_of``: an SQL expression of ``ts_ns``
-    alone (literals only); ``lower``, ``upper`` and ``ids`` are written as literals."""
+    ``values``: the value columns, comma-separated; ``bin_of`` and ``within``: SQL expressions of
+    ``ts_ns`` alone (literals only); ``lower``, ``upper`` and ``ids`` are written as literals."""
     cols = ", ".join(f"k.{c.strip()}" for c in values.split(","))
-    window = f"ts_ns > {int(lower)} AND ts_ns <= {int(upper)}"
+    window = f"ts_ns > {int(lower)} AND ts_ns <= {int(upper)}" + (f" AND ({within})" if within else "")
     recent = packed = ""
     if ids:
         lo, hi = (int(x) for x in ids)

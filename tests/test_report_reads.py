@@ -171,3 +171,10 @@ def test_the_engine_window_from_the_load_bins_equals_its_own_read(store: Store, 
     for col in ("running", "kv"):
         for a, b in zip(got[col].to_list(), want[col].to_list(), strict=True):
             assert a == _approx(b), col
+
+
+def test_the_kept_gpu_sums_hold_every_metric_the_envelope_means() -> None:
+    """The load bins keep only the GPU metrics a report reads from them (crossover.GPU_KEPT): the
+    envelope's window means take theirs from the kept sums, so each of its metrics must be kept."""
+    assert set(envelope.GPU_METRICS) <= set(crossover.GPU_KEPT)
+    assert {"sm_active_ratio", "dram_active_ratio"} <= set(crossover.GPU_KEPT)  # the load bins' own
