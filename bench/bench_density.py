@@ -34,7 +34,10 @@ Growth per sample after the first hour (a long-running store's density): run ``-
 The cost of rewriting a closed store without its free blocks (``collector.compaction``):
 ``--compaction 1 4 12 48`` times it on stores of those hours (:func:`compaction_cost`).
 
-Run: ``.venv/bin/python -m bench.bench_density [--rounds 3] [--hours 1] [--grid] [--keep DIR]``.
+``--blocks`` prints where each store file's 256 KiB blocks go: each table's data blocks (with its
+segments' compression), the catalog metadata, the free blocks.
+
+Run: ``.venv/bin/python -m bench.bench_density [--rounds 3] [--hours 1] [--grid] [--keep DIR] [--blocks]``.
 """
 
 from __future__ import annotations
@@ -211,6 +214,34 @@ def used_bytes(db: Path) -> int:
     return int(got[0]) if got else 0
 
 
+def table_blocks(db: Path) -> str:
+    """Where the file's blocks go: the data blocks each table's segments lie in (DuckDB 1.5.5 gives
+    every table with rows at least one block of its own; a table whose columns are all constant,
+    one row, keeps them in the catalog), the free blocks, and the rest (catalog metadata)."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        size = con.execute(
+            "SELECT used_blocks, free_blocks FROM pragma_database_size() "
+            "WHERE database_name = current_database()"
+        ).fetchone()
+        tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()]
+        parts, data = [], set()
+        for t in tables:
+            got = con.execute(
+                f"SELECT list(DISTINCT block_id), list(DISTINCT compression ORDER BY compression) "
+                f"FROM pragma_storage_info('{t}') WHERE block_id >= 0 AND segment_type <> 'VALIDITY'"
+            ).fetchone()
+            blocks = set(got[0] or []) if got else set()
+            if blocks:
+                data |= blocks
+                parts.append(f"{t} {len(blocks)} ({'/'.join(got[1])})" if got else t)
+    finally:
+        con.close()
+    used, free = (int(v) for v in size) if size else (0, 0)
+    meta = used - len(data)
+    return f"{used} blocks in use: " + ", ".join(parts) + f", catalog metadata {meta}; {free} free"
+
+
 def run_sidecar(tmp: Path, seconds: int, jitter: bool) -> tuple[int, int, float]:
     """Path 1: bytes, samples stored, seconds taken."""
     db = tmp / "sidecar.duckdb"
@@ -313,6 +344,7 @@ def main() -> None:
     ap.add_argument("--grid", action="store_true", help="scrapes exactly on the second (no jitter)")
     ap.add_argument("--keep", type=Path, help="keep the last round's stores and blocks here")
     ap.add_argument("--ingest-by-path", action="store_true", help="ingest without --target (series per file)")
+    ap.add_argument("--blocks", action="store_true", help="print the blocks each table of a store takes")
     ap.add_argument("--compaction", type=int, nargs="*", help="time the rewrite of stores of these hours")
     args = ap.parse_args()
     if args.compaction:
@@ -353,6 +385,8 @@ def main() -> None:
                     else f", in use {used_bytes(tmp / f'{name}.duckdb') / samples:.3f}"
                 )
                 print(f"round {r + 1} {name:10s} {size:>11,d} bytes {per:6.3f} B/sample{used} ({took:.1f} s)")
+                if args.blocks and name != "prometheus":
+                    print(f"    {table_blocks(tmp / f'{name}.duckdb')}")
             if args.keep and r == args.rounds - 1:
                 shutil.rmtree(args.keep, ignore_errors=True)
                 shutil.copytree(tmp, args.keep, ignore=shutil.ignore_patterns("scrapes"))

@@ -59,8 +59,6 @@ from pathlib import Path
 import httpx
 import yaml
 
-from ioe.settings import Settings
-
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = ROOT / "tests" / "data" / "engine"
 DCGM_FIELDS = Path("/work/shared/fixtures/dcgm")
@@ -347,7 +345,7 @@ def run_sidecar(server: BodyServer, tmp: Path, args: argparse.Namespace, mode: s
         "store_path": str(tmp / f"node-{mode}.duckdb"),
         "listen_port": port,
         "host": "gpu-node-1",
-        "flush_interval_s": args.flush_interval,
+        **({"flush_interval_s": args.flush_interval} if args.flush_interval else {}),
         "targets": [
             {"name": n, "url": server.url(p), "kind": k, "interval_s": 1.0, "host": "gpu-node-1"}
             for n, p, k in TARGETS
@@ -530,7 +528,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=300.0, help="steady-state seconds measured")
     ap.add_argument("--warmup", type=float, default=15.0, help="seconds after start before measuring")
     ap.add_argument(
-        "--flush-interval", type=float, default=Settings().flush_interval_s, help="sidecar flush_interval_s"
+        "--flush-interval", type=float, help="sidecar flush_interval_s (default: unset, the sidecar's own)"
     )
     ap.add_argument("--hide-pandas", action="store_true", help="run the sidecar as if pandas were absent")
     ap.add_argument("--peers", default="prometheus,plain", help="comma list: prometheus, plain (or none)")

@@ -21,8 +21,9 @@ Rules:
 4. ``unique`` is a promise made by whoever built the batch: no two rows share the table's key
    (a replay whose plan was checked, see ``collector.formats.scrape``). It survives
    :meth:`with_column` and :meth:`take`; :meth:`concat` keeps it only when every part has it and
-   the parts' ``ts_ns`` ranges do not overlap (every raw key starts with ``ts_ns``). The store
-   then skips its own de-duplication of the batch.
+   no two parts can share a key: their ``ts_ns`` ranges do not overlap (every raw key starts with
+   ``ts_ns``), or ``source`` is a key column and each of the two holds one source, not the same
+   (two targets scraped at one instant). The store then skips its own de-duplication of the batch.
 5. ``runs``, when given, is another promise of the builder: the rows come in runs of these
    lengths (summing to ``height``), the rows of a run equal in every column but ``ts_ns`` and
    the table's value columns, i.e. one series each. The store then looks each run's series up
@@ -155,11 +156,36 @@ class Batch:
 
 
 def _disjoint(parts: list[Batch]) -> bool:
-    """Rule 4: every part unique and no two parts' ``ts_ns`` ranges overlap."""
+    """Rule 4: every part unique and no two parts' keys shared: the ``ts_ns`` ranges of two parts
+    do not overlap, or (where ``source`` is a key column) the two parts each hold one ``source``
+    and not the same one (two targets scraped at the same instant: their rows are other series)."""
     if not all(p.unique and "ts_ns" in p.data for p in parts):
         return False
-    spans = sorted((min(p.data["ts_ns"]), max(p.data["ts_ns"])) for p in parts if p.height)
-    return all(prev[1] < nxt[0] for prev, nxt in pairwise(spans))
+    tags: list[Any] = [None] * len(parts)
+    if "source" in parts[0].data:
+        from collector.records import TABLES
+
+        spec = TABLES.get(parts[0].table)
+        if spec is not None and "source" in spec.key:
+            tags = [_constant(p.data["source"]) for p in parts]
+            if _NOT_CONSTANT in tags:
+                tags = [None] * len(parts)
+    by_tag: dict[Any, list[tuple[int, int]]] = {}
+    for part, tag in zip(parts, tags, strict=True):
+        if part.height:
+            by_tag.setdefault(tag, []).append((min(part.data["ts_ns"]), max(part.data["ts_ns"])))
+    return all(prev[1] < nxt[0] for spans in by_tag.values() for prev, nxt in pairwise(sorted(spans)))
+
+
+_NOT_CONSTANT: Any = object()
+
+
+def _constant(values: list[Any]) -> Any:
+    """The one value of ``values`` (None when empty), or :data:`_NOT_CONSTANT`."""
+    if not values:
+        return None
+    first = values[0]
+    return first if first is not None and values.count(first) == len(values) else _NOT_CONSTANT
 
 
 def run_on_stream(cur: Any, sql: str, rows: Any) -> int:

@@ -20,10 +20,17 @@ Rules:
    and does not move the reference.
 6. State is bounded: at most ``max_series`` series are remembered; past that the least
    recently updated is forgotten (its next sample is a "first" one again).
+7. A scraper's replayed scrapes (``collector.formats.scrape`` rule 6) share their identity
+   lists from scrape to scrape (Batch rule 3). A batch whose series columns are the very lists
+   of the batch before, at one ``ts_ns`` newer than that batch's, with no NULL value, takes
+   each counter row's previous point from that batch by position, without a lookup per row;
+   what it would have remembered is written to the per-series state only when another batch
+   needs it. The rates and the state are the same as rules 1-6 give row by row.
 """
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, overload
@@ -43,8 +50,12 @@ class CounterRates:
     def __init__(self, *, max_series: int = 100_000) -> None:
         self.max_series = max_series
         self._last: OrderedDict[tuple[Any, ...], tuple[int, float]] = OrderedDict()
+        self._shape: _Shape | None = None  # rule 7: the last Batch's series columns and counters
+        self._pending: tuple[int, list[Any]] | None = None  # rule 7: its ts and values, not in _last
+        self._previous: tuple[int, list[Any]] = (0, [])  # rule 7: the last batch's ts and values
 
     def __len__(self) -> int:
+        self._settle()
         return len(self._last)
 
     @overload
@@ -58,6 +69,7 @@ class CounterRates:
             return self._apply_batch(batch, table)
         import polars as pl
 
+        self._settle()
         if batch.height == 0:
             return batch
         batch = batch.sort("ts_ns", maintain_order=True)
@@ -68,12 +80,55 @@ class CounterRates:
     def _apply_batch(self, batch: Batch, table: str) -> Batch:
         if batch.height == 0:
             return batch
-        stamps = batch["ts_ns"]
-        if any(a > b for a, b in pairwise(stamps)):  # one scrape has one ts: already sorted
+        stamps, values = batch["ts_ns"], batch["value"]
+        ts = stamps[0]
+        one_ts = stamps.count(ts) == len(stamps)
+        columns = [batch[c] for c in _series_columns(table)]
+        shape = self._shape
+        if one_ts and shape is not None and shape.same(table, columns) and None not in values:
+            rates = self._replayed(shape, ts, values)
+            if rates is not None:
+                return batch.with_column("rate_per_s", rates)
+        self._settle()
+        if not one_ts and any(a > b for a, b in pairwise(stamps)):  # one scrape: one ts, sorted
             batch = batch.take(sorted(range(batch.height), key=stamps.__getitem__))
-        keys = list(zip(*(batch[c] for c in _series_columns(table)), strict=True))
+            columns = [batch[c] for c in _series_columns(table)]
+        keys = list(zip(*columns, strict=True))
         rates = self._rates(table, keys, batch["ts_ns"], batch["value"])
+        self._shape = self._pending = None
+        values = batch["value"]
+        if one_ts and None not in values and len(set(keys)) == len(keys):
+            key_cols = _series_columns(table)
+            counters = [i for i, key in enumerate(keys) if _is_counter(table, key, key_cols)]
+            last = self._last
+            if all(last.get((table, *keys[i])) == (ts, values[i]) for i in counters):  # each remembered
+                self._shape = _Shape(table, columns, keys, counters)
+                self._previous = (ts, values)
         return batch.with_column("rate_per_s", rates)
+
+    def _replayed(self, shape: _Shape, ts: int, values: list[Any]) -> list[Any] | None:
+        """Rule 7: the rates of a batch of ``shape`` at ``ts``, or None when a row is not newer."""
+        before_ts, before = self._previous
+        if ts <= before_ts:
+            return None
+        seconds = (ts - before_ts) / 1e9
+        rates: list[Any] = [None] * len(values)
+        for i in shape.counters:  # rules 3-4 as _rate has them, the same arithmetic
+            value, previous = values[i], before[i]
+            rates[i] = None if value < previous else (value - previous) / seconds
+        self._previous = (ts, values)
+        self._pending = (ts, values)
+        return rates
+
+    def _settle(self) -> None:
+        """Rule 7: write what the batches replayed since the last lookup would have remembered."""
+        pending, shape = self._pending, self._shape
+        if pending is None or shape is None:
+            return
+        ts, values = pending
+        for i in shape.counters:
+            self._remember((shape.table, *shape.keys[i]), ts, values[i])
+        self._pending = None
 
     def _rates(
         self, table: str, keys: list[tuple[Any, ...]], stamps: list[int], values: list[Any]
@@ -101,6 +156,20 @@ class CounterRates:
         self._last.move_to_end(series)
         while len(self._last) > self.max_series:
             self._last.popitem(last=False)  # rule 6
+
+
+class _Shape:
+    """Rule 7: a batch's series columns (the lists themselves), its series and counter rows."""
+
+    __slots__ = ("columns", "counters", "keys", "table")
+
+    def __init__(
+        self, table: str, columns: list[list[Any]], keys: list[tuple[Any, ...]], counters: list[int]
+    ):
+        self.table, self.columns, self.keys, self.counters = table, columns, keys, counters
+
+    def same(self, table: str, columns: list[list[Any]]) -> bool:
+        return table == self.table and all(map(operator.is_, columns, self.columns))
 
 
 def _series_columns(table: str) -> list[str]:

@@ -231,6 +231,8 @@ class Store(RowCounts):
         self._series = {name: series.SeriesIndex(t) for name, t in TABLES.items() if t.values}
         self._last = {name: increases.LastPoints(t) for name, t in TABLES.items() if t.counter}
         self._newest: dict[str, int | None] = {}  # points table -> its largest ts_ns stored
+        self._layouts: dict[str, tuple[str, ...]] = {}  # table -> its columns in order (rule 4 of
+        # _insert_unindexed)
         self._writer = self._new_cursor()
 
     def _check_size(self) -> None:
@@ -586,6 +588,11 @@ class Store(RowCounts):
            skips row groups by their min/max).
         3. A batch entirely newer than the largest ``ts_ns`` stored cannot repeat a stored key,
            so rule 2 is skipped: a sidecar's scrapes (always newer) pay only for rule 1.
+        4. A ``unique`` Batch that rule 3 lets through whole, with the table's columns in the
+           table's order, is appended as it is (``insert_into`` on the Arrow stream): every row is
+           new, so the count is the batch's height. No view is registered for it, which made
+           each flush's append of a sidecar's points cost ~1.5 ms more CPU (bench/results/
+           sidecar.md, round 9).
 
         ``into``: the table appended to when it is not ``spec.name`` (the points of a raw table
         go to ``T_recent``; rules 2-3 read every point through the view ``T_points``).
@@ -599,14 +606,24 @@ class Store(RowCounts):
             match = " AND ".join(f"l.{k} = b.{k}" for k in spec.key)
             bound = f"l.{spec.key[0]} BETWEEN {lo} AND {hi}"
             where = f" WHERE NOT EXISTS (SELECT 1 FROM {table} AS l WHERE {bound} AND {match})"
-        if isinstance(batch, Batch) and batch.unique:
-            rows = "_stream AS b"
+        unique = isinstance(batch, Batch) and batch.unique
+        if unique and not where and self._appendable(cur, into or table, batch):
+            cur.from_arrow(batch.__arrow_c_stream__()).insert_into(into or table)  # rule 4
+            stored = len(batch)
         else:
-            rows = f"(SELECT DISTINCT ON ({key}) * FROM _stream) AS b"
-        sql = f"INSERT INTO {into or table} ({cols}) SELECT {cols} FROM {rows}{where}"
-        stored = run_on_stream(cur, sql, batch)
+            rows = "_stream AS b" if unique else f"(SELECT DISTINCT ON ({key}) * FROM _stream) AS b"
+            sql = f"INSERT INTO {into or table} ({cols}) SELECT {cols} FROM {rows}{where}"
+            stored = run_on_stream(cur, sql, batch)
         self._newest[table] = hi if newest is None else max(newest, hi)
         return stored
+
+    def _appendable(self, cur: duckdb.DuckDBPyConnection, table: str, batch: Batch) -> bool:
+        """:meth:`_insert_unindexed` rule 4: ``batch``'s columns are ``table``'s, in its order."""
+        columns = self._layouts.get(table)
+        if columns is None:
+            got = cur.execute(f"SELECT * FROM {table} LIMIT 0").description or []
+            columns = self._layouts[table] = tuple(d[0] for d in got)
+        return tuple(batch.data) == columns
 
     @contextmanager
     def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:

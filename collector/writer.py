@@ -20,6 +20,12 @@ Rules:
    batches. The writer calls it with True after the flush that wrote everything queued before
    it, or with False when a store failure (I/O, memory) dropped rows of that flush, so the
    source reads those bytes again.
+4. A flush comes every ``flush_interval_s``, and sooner once half the queue's capacity is
+   waiting, so a long interval never lets the queue fill and drop batches on a node with many
+   targets. Between flushes the writer sleeps: a queued batch does not wake it (a wake per batch
+   made every scrape hand the interpreter over to the writer thread and back). A clean stop
+   (:meth:`WriterThread.stop`) flushes everything queued before it; a crash loses what was
+   queued and not yet flushed (at most ``flush_interval_s`` of rows).
 """
 
 from __future__ import annotations
@@ -73,6 +79,10 @@ class QueueSink:
     def __init__(self, max_batches: int, on_drop: Callable[[str, int], None] | None = None):
         self.queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max_batches)
         self._on_drop = on_drop or (lambda table, rows: None)
+        # rule 4: the writer sleeps until its flush is due, woken early only by this (half the
+        # queue's capacity waiting, a flush asked for, a stop), never once per batch queued
+        self.wake = threading.Event()
+        self.half = max(1, max_batches // 2) if max_batches > 0 else 1 << 62
 
     def write(self, table: str, batch: Batch | pl.DataFrame | pa.Table) -> int:
         rows = _framed(batch)
@@ -80,6 +90,8 @@ class QueueSink:
             self.queue.put_nowait((table, rows))
         except queue.Full as exc:
             raise Overloaded(f"write queue full ({self.queue.maxsize} batches)") from exc
+        if self.queue.qsize() >= self.half:
+            self.wake.set()
         return len(rows)
 
     def after_commit(self, callback: Callable[[bool], None]) -> None:
@@ -89,6 +101,8 @@ class QueueSink:
             self.queue.put_nowait((_ACK, callback))
         except queue.Full as exc:
             raise Overloaded(f"write queue full ({self.queue.maxsize} batches)") from exc
+        if self.queue.qsize() >= self.half:
+            self.wake.set()
 
     def offer(self, table: str, batch: Batch | pl.DataFrame) -> bool:
         """Enqueue or drop (counted); never raises for a full queue."""
@@ -111,13 +125,17 @@ class WriterThread(threading.Thread):
         flush_interval_s: float = 1.0,
         on_stored: Callable[[str, int], None] | None = None,
         on_error: Callable[[str, int, Exception], None] | None = None,
+        after_flush: Callable[[], None] | None = None,
     ):
+        """``after_flush``: called on this thread after each flush that wrote rows (the agent hands
+        freed memory back to the system there)."""
         super().__init__(name="ioe-writer", daemon=True)
         self.source = source
         self.store = store
         self.flush_interval_s = flush_interval_s
         self._on_stored = on_stored or (lambda t, n: None)
         self._on_error = on_error or (lambda t, n, e: None)
+        self._after_flush = after_flush
         self._stopping = threading.Event()
         self._flushed = threading.Event()
 
@@ -128,18 +146,35 @@ class WriterThread(threading.Thread):
             self.source.queue.put(_FLUSH, timeout=timeout)
         except queue.Full:
             return False
+        self.source.wake.set()
         return self._flushed.wait(timeout)
 
     def run(self) -> None:
+        source = self.source
         while not self._stopping.is_set():
-            deadline = time.monotonic() + self.flush_interval_s
-            pending, flush_asked, acks = self._collect(deadline)
+            if source.queue.qsize() < source.half:  # rule 4: sleep until due or woken
+                source.wake.wait(self.flush_interval_s)
+            source.wake.clear()
+            pending, flush_asked, acks = self._collect(time.monotonic())
             self._acknowledge(acks, self._flush(pending))
+            if pending and self._after_flush is not None:
+                del pending  # the flush's rows are garbage now, before the callback runs
+                self._call_after_flush()
             if flush_asked:
                 self._flushed.set()
-        pending, _, acks = self._collect(time.monotonic())
-        self._acknowledge(acks, self._flush(pending))
+        while True:  # rule 4: everything queued before the stop, half a queue at a time
+            pending, _, acks = self._collect(time.monotonic())
+            self._acknowledge(acks, self._flush(pending))
+            if not pending and not acks and self.source.queue.empty():
+                break
         self._flushed.set()
+
+    def _call_after_flush(self) -> None:
+        try:
+            if self._after_flush is not None:
+                self._after_flush()
+        except Exception:
+            log.exception("after-flush callback failed")
 
     @staticmethod
     def _acknowledge(acks: list[Callable[[bool], None]], committed: bool) -> None:
@@ -153,6 +188,7 @@ class WriterThread(threading.Thread):
         self._stopping.set()
         with contextlib.suppress(queue.Full):  # a full queue wakes the thread anyway
             self.source.queue.put_nowait(_STOP)
+        self.source.wake.set()
         self.join(timeout)
 
     def _collect(self, deadline: float) -> tuple[dict[str, list[Any]], bool, list[Callable[[bool], None]]]:
@@ -160,7 +196,11 @@ class WriterThread(threading.Thread):
         callbacks queued behind them."""
         pending: dict[str, list[Any]] = defaultdict(list)
         acks: list[Callable[[bool], None]] = []
+        room = self.source.half  # rule 4: a flush at most half the queue's capacity
+        collected = 0
         while True:
+            if collected >= room:
+                return pending, False, acks
             remaining = deadline - time.monotonic()
             try:
                 if remaining > 0:
@@ -176,6 +216,7 @@ class WriterThread(threading.Thread):
                 acks.append(frame)
             elif frame is not None:
                 pending[table].append(frame)
+                collected += 1
             elif self._stopping.is_set():  # the stop sentinel: flush what was collected now
                 return pending, False, acks
 

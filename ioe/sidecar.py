@@ -20,6 +20,10 @@ Rules:
   4. A collector-only agent that scrapes no ``https://`` URL and runs no OTLP/gRPC receiver does
      not load Python's ``ssl`` (OpenSSL: 4.6 MB resident, imported by asyncio and ``http.client``
      only if present): :func:`without_tls`.
+  5. A collector-only agent's threads (event loop, writer, health server, maintenance) share one
+     glibc malloc arena (:func:`one_malloc_arena`, unless ``MALLOC_ARENA_MAX`` is set in the
+     environment): glibc otherwise gives each thread that allocates its own arena, whose freed
+     pages stay resident apart from the others'.
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ COMMAND = "ioe sidecar"
 # and checkpoint freed: 135-140 MB after 3 minutes of the bench's node replayed in process, 108-115
 # MB with this and a checkpoint after each pass (collector.agent.Agent._maintain), same total CPU.
 COLLECTOR_JEMALLOC = "dirty_decay_ms:0,muzzy_decay_ms:0"
+# glibc's mallopt parameter for the most arenas (M_ARENA_MAX in malloc.h). With one arena the
+# bench's collector (8 GPUs + 2 engines at 1 Hz) ran with 3.6-3.9 MB less resident after 165 s and a
+# peak 1.8 MB lower, at the same CPU (side by side, bench/results/sidecar.md round 9).
+M_ARENA_MAX = -8
 _OPTIONS = {"--config": "config", "--store": "store_path", "--port": "listen_port", "--listen": "listen_host"}
 
 
@@ -94,6 +102,7 @@ def main(args: list[str]) -> None:
             os.environ.setdefault("DUCKDB_JE_MALLOC_CONF", COLLECTOR_JEMALLOC)
         if not needs_tls(settings):
             without_tls()
+        one_malloc_arena()
     _exits(lambda: run(settings))
 
 
@@ -110,6 +119,21 @@ def without_tls() -> None:
     ``http.client`` and ``http.server`` import it only if they can and run without it."""
     if "ssl" not in sys.modules:
         sys.modules["ssl"] = None  # type: ignore[assignment]
+
+
+def one_malloc_arena() -> bool:
+    """Rule 5: glibc's malloc keeps one arena for every thread started from here on; False where
+    ``MALLOC_ARENA_MAX`` is set (glibc read it at start) or the C library has no ``mallopt``
+    that takes it (not glibc)."""
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return False
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_ARENA_MAX, 1))
 
 
 def _exits(work: Any) -> Any:

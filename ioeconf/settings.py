@@ -153,9 +153,13 @@ class Settings(_Model):
     # ms of a core a second, 300 s passes ~0.8 (collector.agent.maintenance_interval_s)
     maintenance_interval_s: float | None = Field(default=None, gt=0)
     # the writer inserts each table once per flush: 5 s costs a sidecar ~40 % less CPU than 1 s,
-    # 10 s another ~20 % less than 5 s (bench/results/sidecar.md); rows become queryable that much
-    # later (the sidecar's own /metrics are live)
-    flush_interval_s: float = Field(default=10.0, gt=0)
+    # 10 s another ~20 % less than 5 s, 30 s another ~20-30 % of the writes' CPU less than 10 s
+    # (bench/results/sidecar.md); rows become queryable that much later (the sidecar's own /metrics
+    # are live), and a crash (SIGKILL, OOM kill, power loss) loses up to this many seconds of rows
+    # accepted and not yet flushed; a clean stop (SIGTERM, SIGINT) flushes them first. Unset: 10
+    # with the API, 30 for a collector-only sidecar (collector.agent.flush_interval_s). The writer
+    # also flushes once half of queue_max_batches is waiting.
+    flush_interval_s: float | None = Field(default=None, gt=0)
     # DuckDB's buffer pool cap for the sidecar's store ("64MB", "1GB"). Blocks written by each
     # checkpoint stay cached until the pool is full: a collector grew ~1 MB a minute with DuckDB's
     # default (80 % of RAM). Empty: 32MB when api_enabled is false, DuckDB's default with the API

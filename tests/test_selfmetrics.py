@@ -1,16 +1,25 @@
 """The sidecar's own metrics without prometheus_client (collector.selfmetrics), the collector-only
-process without OpenSSL (ioe.sidecar rule 4) and its maintenance interval (collector.agent)."""
+process without OpenSSL (ioe.sidecar rule 4) and its maintenance and flush intervals (collector.agent)."""
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.agent import COLLECTOR_MAINTENANCE_INTERVAL_S, maintenance_interval_s
+from collector.agent import (
+    COLLECTOR_FLUSH_INTERVAL_S,
+    COLLECTOR_MAINTENANCE_INTERVAL_S,
+    FLUSH_INTERVAL_S,
+    flush_interval_s,
+    maintenance_interval_s,
+)
 from collector.maintenance import MAINTENANCE_INTERVAL_S
 from collector.selfmetrics import Counter, Gauge, Registry, SelfMetrics, go_float
 from ioe.settings import Settings
@@ -101,3 +110,52 @@ def test_maintenance_interval_unset_depends_on_the_mode() -> None:
     assert maintenance_interval_s(Settings(api_enabled=True, maintenance_interval_s=30)) == 30.0
     with pytest.raises(ValueError, match="maintenance_interval_s"):
         Settings(maintenance_interval_s=0)
+
+
+def test_flush_interval_unset_depends_on_the_mode() -> None:
+    """collector.agent.COLLECTOR_FLUSH_INTERVAL_S: a collector-only agent flushes every 30 s, one
+    with the API (whose readers see rows once flushed) every 10 s; a value set is used as set."""
+    assert flush_interval_s(_plain(api_enabled=False)) == COLLECTOR_FLUSH_INTERVAL_S == 30.0
+    assert flush_interval_s(_plain(api_enabled=True)) == FLUSH_INTERVAL_S == 10.0
+    assert flush_interval_s(_plain(api_enabled=False, flush_interval_s=2)) == 2.0
+    assert flush_interval_s(Settings(api_enabled=True, flush_interval_s=0.5)) == 0.5
+    with pytest.raises(ValueError, match="flush_interval_s"):
+        Settings(flush_interval_s=0)
+
+
+_ARENAS = """
+import ctypes, sys, threading
+from ioe.sidecar import one_malloc_arena
+if sys.argv[1] == "one":
+    assert one_malloc_arena()
+keep = []
+def work():
+    keep.extend(bytearray(4000) for _ in range(50))  # glibc malloc, below its mmap threshold
+threads = [threading.Thread(target=work) for _ in range(3)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+ctypes.CDLL(None).malloc_stats()  # one "Arena N:" section per arena, on stderr
+"""
+
+
+def test_collector_threads_share_one_malloc_arena() -> None:
+    """ioe.sidecar rule 5: with one_malloc_arena, threads that allocate use the main arena; without
+    it glibc gives them arenas of their own."""
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+
+    def arenas(mode: str) -> int:
+        got = subprocess.run(
+            [sys.executable, "-c", _ARENAS, mode], capture_output=True, text=True, env=env, check=True
+        )
+        return got.stderr.count("Arena ")
+
+    assert arenas("one") == 1
+    assert arenas("default") > 1
+    env["MALLOC_ARENA_MAX"] = "2"  # set by whoever started it: left to glibc
+    got = subprocess.run(
+        [sys.executable, "-c", "from ioe.sidecar import one_malloc_arena; print(one_malloc_arena())"],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    assert got.stdout.strip() == "False"

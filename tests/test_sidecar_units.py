@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 
@@ -113,3 +114,57 @@ def test_flush_now_puts_queued_rows_in_the_store() -> None:
     assert w.flush_now(timeout=5)
     assert store.count("gpu_samples") == 4
     w.stop()
+
+
+def test_writer_flushes_at_half_the_queue_without_waiting_for_its_interval() -> None:
+    """Writer rule 4: a long flush interval never lets the queue fill up and drop batches."""
+    store = Store()
+    q = QueueSink(8)
+    flushed: list[int] = []
+    w = WriterThread(q, store, flush_interval_s=60.0, on_stored=lambda t, n: flushed.append(n))
+    w.start()
+    for i in range(4):  # half of 8 batches: a flush without waiting for the 60 s
+        q.write("gpu_samples", _rows(5, start=i * 5))
+    deadline = time.monotonic() + 10
+    while store.count("gpu_samples") < 20 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert store.count("gpu_samples") == 20 and flushed == [20]
+    w.stop()
+
+
+def test_stop_flushes_everything_queued_half_a_queue_at_a_time() -> None:
+    """Writer rule 4: a clean stop loses nothing that was accepted, however long the interval."""
+    store = Store()
+    q = QueueSink(10)
+    w = WriterThread(q, store, flush_interval_s=60.0)
+    for i in range(9):  # queued before the thread runs: more than half the queue at once
+        q.write("gpu_samples", _rows(3, start=i * 3))
+    w.start()
+    w.stop()
+    assert store.count("gpu_samples") == 27 and q.queue.empty()
+
+
+def test_after_flush_runs_once_per_flush_that_wrote_rows() -> None:
+    """The agent trims malloc's free pages there (collector.agent.trim_malloc); a failing callback
+    costs no rows."""
+    from collector.agent import trim_malloc
+
+    store = Store()
+    q = QueueSink(100)
+    calls: list[int] = []
+
+    def after() -> None:
+        calls.append(store.count("gpu_samples"))  # the flush's rows are in the store by then
+        trim_malloc()
+        raise RuntimeError("a callback that fails")
+
+    w = WriterThread(q, store, flush_interval_s=0.05, after_flush=after)
+    w.start()
+    q.write("gpu_samples", _rows(3))
+    deadline = time.monotonic() + 10
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.2)  # empty flushes meanwhile: no call
+    q.write("gpu_samples", _rows(2, start=10))
+    w.stop()
+    assert calls == [3, 5] and store.count("gpu_samples") == 5
