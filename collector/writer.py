@@ -86,19 +86,19 @@ class QueueSink:
 
     def write(self, table: str, batch: Batch | pl.DataFrame | pa.Table) -> int:
         rows = _framed(batch)
-        try:
-            self.queue.put_nowait((table, rows))
-        except queue.Full as exc:
-            raise Overloaded(f"write queue full ({self.queue.maxsize} batches)") from exc
-        if self.queue.qsize() >= self.half:
-            self.wake.set()
+        self._put((table, rows))
         return len(rows)
 
     def after_commit(self, callback: Callable[[bool], None]) -> None:
         """Rule 3: call ``callback(committed)`` once everything queued so far went to the store;
         raises ``Overloaded`` when the queue is full (the caller then waits for a later one)."""
+        self._put((_ACK, callback))
+
+    def _put(self, item: tuple[str, Any]) -> None:
+        """``item`` queued, or ``Overloaded`` when the queue is full; the writer woken once half
+        the queue's capacity is waiting (rule 4)."""
         try:
-            self.queue.put_nowait((_ACK, callback))
+            self.queue.put_nowait(item)
         except queue.Full as exc:
             raise Overloaded(f"write queue full ({self.queue.maxsize} batches)") from exc
         if self.queue.qsize() >= self.half:
