@@ -110,6 +110,16 @@ def used_minutes(mark_ns: int, start_ns: int, end_ns: int, bin_ns: int) -> tuple
     return a, b
 
 
+def _outside_used(start: int, bin_ns: int, used: tuple[int, int]) -> str:
+    """The points a statement with used minutes ``[a, b)`` reads (an SQL filter of ``ts_ns``):
+    those after ``start`` outside the used minutes, and each used minute's first instant that is
+    a bin edge (rule 3)."""
+    a, b = used
+    firsts = [str(t) for t in range(a, b, MIN_NS) if (t - start) % bin_ns == 0]
+    within = f"ts_ns > {start} AND (ts_ns < {a} OR ts_ns >= {b})"
+    return within + (f" OR ts_ns IN ({', '.join(firsts)})" if firsts else "")
+
+
 def summed_with_minutes(
     table: str,
     described: str,
@@ -142,10 +152,7 @@ def summed_with_minutes(
     a, b = (int(x) for x in used)
     m = -(-(start - lower) // bin_ns) + 1  # look-back bins: every dividend below is positive
     bin_of = f"CAST((ts_ns - {start - m * bin_ns} - 1) // {bin_ns} AS BIGINT) - {m}"
-    firsts = [str(t) for t in range(a, b, MIN_NS) if (t - start) % bin_ns == 0]  # rule 3
-    within = f"ts_ns > {start} AND (ts_ns < {a} OR ts_ns >= {b})"
-    within += f" OR ts_ns IN ({', '.join(firsts)})" if firsts else ""
-    points = binned_points(table, "increase", lower, end, bin_of, ids, within)
+    points = binned_points(table, "increase", lower, end, bin_of, ids, _outside_used(start, bin_ns, (a, b)))
     before = binned_points(table, "increase", lower, start, "0", ids)
     cols = described.split(", ")
     out = ", ".join([cols[0], "bin", *cols[1:]])
@@ -225,10 +232,7 @@ def gauge_sums_with_minutes(
     bin_of = (
         f"CAST((ts_ns - {start - bin_ns + 1}) // {bin_ns} AS BIGINT) - 1"  # positive dividends: // truncates
     )
-    firsts = [str(t) for t in range(a, b, MIN_NS) if (t - start) % bin_ns == 0]  # rule 3
-    within = f"ts_ns > {start} AND (ts_ns < {a} OR ts_ns >= {b})"
-    within += f" OR ts_ns IN ({', '.join(firsts)})" if firsts else ""
-    points = binned_points(table, "value", start - 1, end, bin_of, None, within)
+    points = binned_points(table, "value", start - 1, end, bin_of, None, _outside_used(start, bin_ns, (a, b)))
     out = ", ".join(f"s.{c.strip()}" for c in described.split(","))
     return f"""
         WITH s AS MATERIALIZED (
