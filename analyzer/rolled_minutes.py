@@ -74,6 +74,7 @@ from __future__ import annotations
 import duckdb
 
 from analyzer.point_bins import binned_points, exact_sum
+from collector import state
 
 MIN_NS = 60_000_000_000
 FINAL_BEHIND_NS = 2 * MIN_NS  # rule 1: the minutes every maintenance pass recomputes
@@ -81,20 +82,9 @@ MIN_USED = 3  # rule 2: fewer used minutes than this read the points alone (too 
 
 
 def watermark(con: duckdb.DuckDBPyConnection) -> int:
-    """The store's rollup watermark (0 when never set or no state table): ``ioe_state`` as one row
-    with a column per key, or as ``(key, value)`` rows (an older file, a DuckLake catalog)."""
-    try:
-        cur = con.execute("SELECT * FROM ioe_state")
-        rows = cur.fetchall()
-        names = [str(d[0]) for d in cur.description or []]
-    except duckdb.Error:  # no state table: a store never written by collector.store
-        return 0
-    if "rollup_watermark_ns" in names:
-        got = rows[0][names.index("rollup_watermark_ns")] if rows else None
-        return int(got) if got is not None else 0
-    if names[:2] == ["key", "value"]:
-        return next((int(v) for k, v in rows if k == "rollup_watermark_ns" and v is not None), 0)
-    return 0
+    """The store's rollup watermark (0 when never set or no state table), in either form of
+    ``ioe_state`` (:func:`collector.state.read`)."""
+    return state.read(con, "rollup_watermark_ns")
 
 
 def used_minutes(mark_ns: int, start_ns: int, end_ns: int, bin_ns: int) -> tuple[int, int] | None:

@@ -56,11 +56,21 @@ def ensure(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def read(con: duckdb.DuckDBPyConnection, key: str) -> int:
-    """Rule 2: the value of ``key``, 0 when never set."""
-    if key not in columns(con):
+    """Rule 2: the value of ``key``, 0 when never set or where there is no ``ioe_state`` (a
+    database no store wrote). Read in either form: the one row (rule 1) or ``(key, value)`` rows
+    (rule 3: an older file read without being opened for writing, a DuckLake catalog)."""
+    try:
+        cur = con.execute(f"SELECT * FROM {TABLE}")
+    except duckdb.CatalogException:
         return 0
-    row = con.execute(f"SELECT {_checked(key)} FROM {TABLE}").fetchone()
-    return int(row[0]) if row and row[0] is not None else 0
+    rows = cur.fetchall()
+    names = [str(d[0]) for d in cur.description or []]
+    got = None
+    if key in names:
+        got = rows[0][names.index(key)] if rows else None
+    elif names[:2] == ["key", "value"]:
+        got = next((v for k, v in rows if k == key), None)
+    return int(got) if got is not None else 0
 
 
 def write(con: duckdb.DuckDBPyConnection, key: str, value: int) -> None:
