@@ -195,3 +195,51 @@ def test_skeleton_gives_body_shapes_values_or_none() -> None:
     assert skeleton.values(DCGM + "\n") is None  # one more (empty) line
     assert Skeleton.learn(DCGM.replace("\n", "\r\n")) is None  # CRLF bodies are never remembered
     assert Skeleton.learn(DCGM.replace(line, f"{prefix} {value} 17")) is None  # a timestamp
+
+
+def test_skeleton_byte_values_are_values_of_the_text_or_none() -> None:
+    """Exposition rule 12's bytes check: the value texts of a body's bytes are those of its text
+    (encoded), and a near miss is None as with the text."""
+    from collector.formats.exposition import Skeleton
+
+    for body in (DCGM, VLLM, SGLANG, VLLM + DCGM):
+        skeleton = Skeleton.learn(body)[0]  # type: ignore[index]
+        moved = _bump(body, 0.5)
+        assert skeleton.byte_values(moved.encode()) == [v.encode() for v in skeleton.values(moved)]  # type: ignore[union-attr]
+    assert not SGLANG.isascii()  # one body with a non-ASCII character, matched as bytes
+    skeleton = Skeleton.learn(DCGM)[0]  # type: ignore[index]
+    line = next(x for x in DCGM.splitlines() if x.startswith(GPU1_POWER))
+    prefix, _, value = line.rpartition(" ")
+    near_misses = (f"{prefix} 1_0", f"{prefix} {value} 17", f"{prefix} {value}#", line.replace("1", "9"))
+    for changed in near_misses:
+        assert skeleton.byte_values(DCGM.replace(line, changed).encode()) is None, changed
+    assert skeleton.byte_values((DCGM + "\n").encode()) is None
+    # a text given as str with a lone surrogate in a comment matches as text only
+    odd = DCGM.replace("# SOURCE:", "# SOURCE\ud800:")
+    learned = Skeleton.learn(odd)
+    assert learned is not None and learned[0].values(odd) is not None
+    assert learned[0].byte_values(odd.encode("utf-8", "surrogatepass")) is None
+
+
+def test_replayed_bytes_give_the_full_paths_rows_or_the_full_path() -> None:
+    """Scrape rule 6 over bytes: a value in another script's digits (which ``float`` of the text
+    takes) and invalid UTF-8 in a comment are left to the full path, whose rows stand."""
+    from collector.formats.scrape import replay_scrape
+
+    where = {"kind": "dcgm", "host": "node-a", "source": "t"}
+    line = next(x for x in DCGM.splitlines() if x.startswith(GPU1_POWER))
+    prefix, _, _ = line.rpartition(" ")
+    for odd in (
+        DCGM.replace(line, f"{prefix} \u0661\u0662").encode(),  # Arabic-Indic 12
+        DCGM.encode().replace(b"# SOURCE:", b"# SOURCE\xff:"),
+    ):
+        cache = ScrapeCache()
+        parse_scrape(odd, ts_ns=1, cache=cache, **where)  # type: ignore[arg-type]
+        assert cache.replay is not None  # learned: its text replays, its bytes do not
+        assert cache.replay.skeleton.values(odd.decode("utf-8", errors="replace")) is not None
+        assert replay_scrape(odd, ts_ns=2, cache=cache, **where) is None
+        warm = parse_scrape(odd, ts_ns=2, cache=cache, **where)  # type: ignore[arg-type]
+        cold = parse_scrape(odd, ts_ns=2, **where)  # type: ignore[arg-type]
+        assert warm.problems == cold.problems and warm.tables.keys() == cold.tables.keys()
+        for table, frame in cold.tables.items():
+            assert_frame_equal(warm.tables[table], frame)

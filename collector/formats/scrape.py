@@ -163,9 +163,11 @@ def replay_scrape(
     """Rule 6 alone: the rows of ``body`` if it replays (the same rows :func:`parse_scrape`
     would give), else None. Cheap enough for an event loop: it gives up at once without a
     remembered scrape, and on bodies over :data:`REPLAY_MAX_BYTES`."""
-    if cache.replay is None or len(body) > REPLAY_MAX_BYTES:
+    replay = cache.replay
+    if replay is None or len(body) > REPLAY_MAX_BYTES or replay.key != (kind, host, source):
         return None
-    return _replay_of(body.decode("utf-8", errors="replace"), kind, host, source, cache, ts_ns)
+    texts = replay.skeleton.byte_values(body)  # the bytes as they came: no decoding (exposition rule 12)
+    return None if texts is None else _replayed(replay, texts, ts_ns)
 
 
 def _replay_of(
@@ -213,14 +215,14 @@ def _full(
     return result
 
 
-def _values(texts: list[str]) -> list[float] | None:
+def _values(texts: list[str] | list[bytes]) -> list[float] | None:
     try:
         return list(map(float, texts))
     except ValueError:
         return None
 
 
-def _replayed(replay: _Replay, texts: list[str], ts_ns: int) -> Parsed | None:
+def _replayed(replay: _Replay, texts: list[str] | list[bytes], ts_ns: int) -> Parsed | None:
     """Rule 6: the rows of a same-shape body from its values, or None to take the full path."""
     values = _values(texts)
     if values is None:
