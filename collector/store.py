@@ -837,14 +837,31 @@ def _insert(
     most batches (a new scrape, new spans) have no key that exists. A statement that hits a
     duplicate key writes nothing (autocommit), so falling back to ``OR IGNORE`` then gives exactly
     the same rows and count.
+
+    A table that keeps the latest state (``targets``, ``deployments``) gets each key's last row of
+    the batch only (:func:`_last_per_key`): handed one key twice in one statement, DuckDB's
+    ``INSERT OR REPLACE`` keeps the first, so a flush of 30 s of a target's health stored its
+    health of 30 s before.
     """
     sql = f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _stream"
     if table in REPLACE_TABLES:
-        return run_on_stream(cur, sql.replace("INSERT", "INSERT OR REPLACE", 1), batch)
+        latest = _last_per_key(TABLES[table].key, batch)
+        return run_on_stream(cur, sql.replace("INSERT", "INSERT OR REPLACE", 1), latest)
     try:
         return run_on_stream(cur, sql, batch)
     except duckdb.ConstraintException:
         return run_on_stream(cur, sql.replace("INSERT", "INSERT OR IGNORE", 1), batch)
+
+
+def _last_per_key(key: tuple[str, ...], batch: Any) -> Any:
+    """The rows of ``batch`` that are the last of their ``key`` in it, in batch order (a Batch or
+    a polars frame; an Arrow table as it is)."""
+    if isinstance(batch, Batch):
+        last = {k: i for i, k in enumerate(zip(*(batch[c] for c in key), strict=True))}
+        return batch if len(last) == batch.height else batch.take(sorted(last.values()))
+    if hasattr(batch, "unique") and hasattr(batch, "height"):  # a polars frame
+        return batch.unique(subset=list(key), keep="last", maintain_order=True)
+    return batch
 
 
 def _columns(batch: Any, names: list[str]) -> tuple[dict[str, Any], int]:

@@ -49,6 +49,23 @@ def test_targets_keep_latest_state() -> None:
         assert cur.execute("SELECT up FROM targets").fetchall() == [(False,)]
 
 
+def test_targets_keep_the_last_row_of_a_batch_per_key() -> None:
+    """A writer's flush holds many health rows of one target: the newest is the state kept (DuckDB's
+    ``INSERT OR REPLACE`` alone keeps the first of a key seen twice in one statement)."""
+    from collector.batch import Batch
+    from collector.records import batch
+
+    rows = {"target": ["t1", "t2", "t1", "t1"], "kind": ["dcgm"] * 4, "up": [True, True, True, False]}
+    rows["last_scrape_ns"] = [1, 1, 2, 3]
+    for made in (batch("targets", rows), frame("targets", rows)):
+        st = Store()
+        assert isinstance(made, Batch) or hasattr(made, "height")
+        st.write("targets", made)  # type: ignore[arg-type]
+        with st.cursor() as cur:
+            got = cur.execute("SELECT target, up, last_scrape_ns FROM targets ORDER BY target").fetchall()
+        assert got == [("t1", False, 3), ("t2", True, 1)]
+
+
 def test_unknown_table_and_missing_columns_are_refused() -> None:
     st = Store()
     with pytest.raises(StoreError, match="no table 'nope'"):
