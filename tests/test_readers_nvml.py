@@ -227,6 +227,25 @@ def test_real_pynvml_without_driver_does_not_crash() -> None:
         assert why.startswith(("NVML cannot start", "NVML found no"))
 
 
+def test_a_pynvml_it_imported_and_could_not_start_is_let_go() -> None:
+    """On a node without NVML the module is not kept resident; one passed in is never dropped."""
+    require_module("pynvml", "the [nvml] extra")
+    reader = NvmlReader()
+    ok, why = reader.available()
+    if not ok:  # no driver here: the import is undone, and asking again gives the same answer
+        assert "pynvml" not in sys.modules and reader._nvml is None
+        assert reader.available() == (ok, why)
+
+    class NoDriver(FakeNvml):
+        def nvmlInit(self) -> None:
+            raise RuntimeError("Driver Not Loaded")
+
+    fake = NoDriver()
+    passed = NvmlReader(fake)
+    assert passed.available() == (False, "NVML cannot start: Driver Not Loaded")
+    assert passed._nvml is fake
+
+
 def test_energy_is_read_on_the_first_read_then_every_nth() -> None:
     reader = NvmlReader(FakeNvml(), energy_every=3)
     seen = ["energy_j" in _metrics(reader.read((i + 1) * S), 0) for i in range(7)]

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import sys
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -100,6 +101,7 @@ class NvmlReader:
 
     def __init__(self, nvml: ModuleType | Any | None = None, host: str = "", energy_every: int = 10):
         self._nvml = nvml
+        self._imported = False  # whether this reader imported ``pynvml`` itself
         self.host = host
         self._started = False
         self._state: dict[str, _GpuState] = {}
@@ -107,13 +109,15 @@ class NvmlReader:
         self._reads = 0
 
     def available(self) -> tuple[bool, str]:
-        """(True, what was found) or (False, why not), never raising."""
+        """(True, what was found) or (False, why not), never raising. A ``pynvml`` this reader
+        imported and could not start (no library, no driver) is let go again (:meth:`_forget`)."""
         try:
             nvml = self._start()
             n = nvml.nvmlDeviceGetCount()
         except ImportError:
             return False, "nvidia-ml-py is not installed (pip install 'ioe[nvml]')"
         except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            self._forget()
             return False, f"NVML cannot start: {exc}"
         if n == 0:
             return False, "NVML found no NVIDIA GPU"
@@ -143,9 +147,20 @@ class NvmlReader:
             parsed.add(TABLE, batch(TABLE, rows))
         return parsed
 
+    def _forget(self) -> None:
+        """Drop the ``pynvml`` module this reader imported but could not start: on a node without
+        NVML the collector never calls it, and its ~1 MB resident (a sidecar's budget is 100 MB,
+        bench/results/sidecar.md round 10) goes once nothing refers to it. A module passed in
+        is kept; the next :meth:`available` imports it again."""
+        if self._imported and not self._started:
+            self._nvml = None
+            self._imported = False
+            sys.modules.pop("pynvml", None)
+
     def _start(self) -> Any:
         if self._nvml is None:
             self._nvml = importlib.import_module("pynvml")
+            self._imported = True
         if not self._started:
             self._nvml.nvmlInit()
             self._started = True
