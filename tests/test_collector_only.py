@@ -133,6 +133,29 @@ def test_health_server_answers(tmp_path: Path) -> None:
         broken.stop()
 
 
+def test_health_server_sleeps_between_requests_and_stops_at_once() -> None:
+    """Rule 5: no wake-up every half second, yet a stop (idle or just after a request) is prompt
+    and frees the port, on a loopback and on an every-interface bind."""
+    import socket
+    import time
+
+    from collector import health
+
+    assert health.POLL_S >= 60
+    for host in ("127.0.0.1", "0.0.0.0"):
+        server = HealthServer(host, 0, [SelfMetrics().registry], lambda: 7)
+        server.start()
+        time.sleep(0.2)
+        if host == "127.0.0.1":
+            assert httpx.get(f"http://127.0.0.1:{server.port}/healthz").json() == {"status": "ok"}
+        t0 = time.monotonic()
+        server.stop()
+        assert time.monotonic() - t0 < 2.0 and not server._thread.is_alive()
+        with socket.socket() as again:  # the port is free again
+            again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            again.bind((host, server.port))
+
+
 def test_memory_collector_reads_duckdb_and_proc_status(tmp_path: Path) -> None:
     status = "Name:\tioe\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\n"
     with Store(tmp_path / "s.duckdb") as st:
