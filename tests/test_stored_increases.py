@@ -334,6 +334,25 @@ def test_a_flush_of_several_scrapes_takes_the_scrapes_path(tmp_path: Path) -> No
     assert taken and all(taken)  # neither the per-row path nor numpy
 
 
+def test_a_flush_of_one_targets_scrapes_takes_each_step_by_position(tmp_path: Path) -> None:
+    """One target's scrapes back to back in each flush (the same series run after run, taken by
+    position from the run before): across a reset, NULLs (two in a row, one at a flush's edge)
+    and flushes, each stored step equals ``lag()``'s."""
+    taken: list[bool] = []
+    with _taken(taken):
+        st = Store(tmp_path / "s.duckdb")
+        for flush in range(4):
+            parts = []
+            for k in range(flush * 10, flush * 10 + 10):
+                points = {"x": float(k * 7 % 100), "y": None if k in (13, 14, 19, 20) else float(k)}
+                parts += _scrape_rows(k, points | {"z": float(k // 2)})
+            st.write("engine_samples", frame("engine_samples", parts))
+        rows = _lag_steps(st, "engine_samples", "value")
+        assert len(rows) == 40 * 3 and [r[:3] for r in rows] == [(*r[:2], r[3]) for r in rows]
+        st.close()
+    assert taken and all(taken)
+
+
 @pytest.mark.parametrize("keys", [None, ["a|vllm|0", "c|vllm|0"]])
 def test_a_report_sums_every_counter_once_and_each_call_takes_its_own(store: Store, keys: Any) -> None:
     """Inside ``shared_reads`` every concept of the window is summed once; each call gets the
