@@ -250,10 +250,14 @@ def _arrow_column(na: Any, table: str, name: str, duck_type: str, values: list[A
             return _string_column(na, kind, values, height)
         code = _TYPECODE.get(duck_type)
         if code is not None:
-            validity, nulls = _validity(values, height)
-            filled = values if not nulls else [0 if v is None else v for v in values]
-            buffers = [validity, array.array(code, filled)]
-            return na.c_array_from_buffers(kind, height, buffers, null_count=nulls)
+            try:  # a column without NULL (the common case) needs no pass to count them
+                validity, nulls, data = None, 0, array.array(code, values)
+            except TypeError:  # a None, or a value of another type
+                validity, nulls = _validity(values, height)
+                if not nulls:
+                    raise
+                data = array.array(code, [0 if v is None else v for v in values])
+            return na.c_array_from_buffers(kind, height, [validity, data], null_count=nulls)
     except (TypeError, ValueError, OverflowError):
         pass  # another type (an int in a VARCHAR column, a float in BIGINT), a lone surrogate: per item
     try:
