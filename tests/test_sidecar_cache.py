@@ -243,3 +243,25 @@ def test_replayed_bytes_give_the_full_paths_rows_or_the_full_path() -> None:
         assert warm.problems == cold.problems and warm.tables.keys() == cold.tables.keys()
         for table, frame in cold.tables.items():
             assert_frame_equal(warm.tables[table], frame)
+
+
+def test_a_target_that_keeps_replaying_lets_its_parse_memory_go(monkeypatch: object) -> None:
+    """Scrape rule 8: after N replays in a row the parse memory is empty, replays go on, a body
+    of another shape after that gets a cold parse's rows, and the memory fills again."""
+    from collector.formats import scrape
+    from collector.formats.scrape import replay_scrape
+
+    monkeypatch.setattr(scrape, "FORGET_AFTER_REPLAYS", 3)  # type: ignore[attr-defined]
+    where = {"kind": "engine", "host": "node-a", "source": "t"}
+    cache = ScrapeCache()
+    parse_scrape(VLLM.encode(), ts_ns=10**9, cache=cache, **where)  # type: ignore[arg-type]
+    assert cache.parse.labels and cache.engine
+    for step in range(1, 4):
+        got = replay_scrape(_bump(VLLM, step * 0.01).encode(), ts_ns=(step + 1) * 10**9, cache=cache, **where)
+        assert got is not None
+        assert bool(cache.parse.labels) == (step < 3) and bool(cache.engine) == (step < 3)
+    assert replay_scrape(_bump(VLLM, 0.04).encode(), ts_ns=5 * 10**9, cache=cache, **where) is not None
+    other = VLLM.replace('engine="1"', 'engine="9"')
+    assert replay_scrape(other.encode(), ts_ns=6 * 10**9, cache=cache, **where) is None
+    assert _same(other, cache, 6 * 10**9, "engine")  # the full path, cold, gives a cold parse's rows
+    assert cache.parse.labels and cache.engine and cache.replays == 0 and cache.replay is not None

@@ -42,6 +42,12 @@ Rules:
    one ended (the exposition parser's renames need the family), the dialect is the whole
    file's (``# EOF`` last), and problems name the file's line numbers. A series seen in two
    chunks is not refused as a duplicate (the store keeps the first row of a key).
+8. A target whose scrapes have replayed :data:`FORGET_AFTER_REPLAYS` times in a row lets its
+   parse memory go (the exposition parser's label blocks and comment lines, the mappers' row
+   identities: ~0.35-1 MB a target on the bench's bodies): its replay plan alone rebuilds the
+   rows. A body of another shape is then parsed cold, once, and the cache fills again from it;
+   a target whose shape keeps changing never gets that far and keeps its cache. The rows are
+   the same either way (rule 5).
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ Kind = Literal["dcgm", "engine", "auto"]
 Trace = list[tuple[int, float, bool]]  # per row: (sample index, scale, must lie in 0..1)
 CHUNK_BYTES = 4 << 20  # a file is parsed this many bytes of whole lines at a time (rule 7)
 REPLAY_MAX_BYTES = 4 << 20  # replay_scrape leaves larger bodies to the full path (off the loop)
+FORGET_AFTER_REPLAYS = 120  # rule 8: replays in a row after which a target's parse memory goes
 VALUE_COLUMN = {"gpu_samples": "value", "engine_samples": "value", "histogram_buckets": "cumulative_count"}
 
 
@@ -119,6 +126,15 @@ class ScrapeCache:
     gpu: GpuMemo = field(default_factory=dict)
     engine: EngineMemo = field(default_factory=dict)
     replay: _Replay | None = None
+    replays: int = 0  # replays in a row since the last full parse (rule 8)
+
+    def replayed(self) -> None:
+        """Count one replay; rule 8 at the :data:`FORGET_AFTER_REPLAYS`-th in a row."""
+        self.replays += 1
+        if self.replays == FORGET_AFTER_REPLAYS:
+            self.gpu.clear()
+            self.engine.clear()
+            self.parse.clear()
 
     def bounded(self) -> ScrapeCache:
         """Itself, emptied first when it holds more than ``max_series`` series."""
@@ -167,7 +183,10 @@ def replay_scrape(
     if replay is None or len(body) > REPLAY_MAX_BYTES or replay.key != (kind, host, source):
         return None
     texts = replay.skeleton.byte_values(body)  # the bytes as they came: no decoding (exposition rule 12)
-    return None if texts is None else _replayed(replay, texts, ts_ns)
+    got = None if texts is None else _replayed(replay, texts, ts_ns)
+    if got is not None:
+        cache.replayed()
+    return got
 
 
 def _replay_of(
@@ -178,7 +197,10 @@ def _replay_of(
     if replay is None or replay.key != (kind, host, source):
         return None
     texts = replay.skeleton.values(text)
-    return None if texts is None else _replayed(replay, texts, ts_ns)
+    got = None if texts is None else _replayed(replay, texts, ts_ns)
+    if got is not None:
+        cache.replayed()
+    return got
 
 
 def _full(
@@ -209,7 +231,7 @@ def _full(
     if len(result.problems) > len(exp.problems):
         result.problems[len(exp.problems) :] = _located(text, result.problems[len(exp.problems) :], source)
     learned = Skeleton.learn(text) if cache is not None and not result.problems else None
-    memo.replay = None
+    memo.replay, memo.replays = None, 0
     if learned is not None:
         memo.replay = _learned(result, traces, (kind, host, source), learned, ts_ns, len(exp.samples))
     return result
