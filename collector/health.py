@@ -26,6 +26,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -35,6 +36,7 @@ from collector.selfmetrics import CONTENT_TYPE
 log = logging.getLogger(__name__)
 PATHS = ("/healthz", "/readyz", "/metrics")
 POLL_S = 3600.0  # rule 5: how long the server thread sleeps between checks for a stop
+STOP_WAIT_S = 5.0  # rule 5: how long stop() tries to wake it (a daemon thread: it ends with the process)
 
 
 class HealthServer:
@@ -67,7 +69,8 @@ class HealthServer:
             # shutdown() waits for serve_forever: it would block forever if never started
             done = threading.Thread(target=self.httpd.shutdown, name="ioe-health-stop", daemon=True)
             done.start()
-            while done.is_alive():
+            deadline = time.monotonic() + STOP_WAIT_S
+            while done.is_alive() and time.monotonic() < deadline:
                 self._wake()
                 done.join(0.05)
         self.httpd.server_close()
