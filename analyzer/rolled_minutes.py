@@ -67,6 +67,13 @@ envelope's window means, a sum and a count of the values per series and bin):
     avg is a fixed number of the store, and the sums are exact, so a report is the same on every
     run and thread count. A point stored after its minute became final is not in the rollup:
     counted out (rule 1); a store never maintained (watermark 0) reads the points alone.
+12. The regression's fabric and clock axes (:func:`analyzer.regression_axes._gpu_rows`: per bin
+    the NVLink/PCIe values' sum and the number of their sample times, the SM clocks' sum and
+    count, over a deployment's GPUs) read the used minutes as rule 7 does, under rules 8-11,
+    summed per class rather than per series (:func:`link_clock_with_minutes`). A rollup row
+    counts a key's points, not the instants its points share with other keys', so the link
+    sample times are counted from the points: each instant in the window with a link point
+    once, read by series and timestamp without their values.
 """
 
 from __future__ import annotations
@@ -75,6 +82,7 @@ import duckdb
 
 from analyzer.point_bins import binned_points, exact_sum
 from collector import state
+from collector.series import packed_name, recent_name, times_name
 
 MIN_NS = 60_000_000_000
 FINAL_BEHIND_NS = 2 * MIN_NS  # rule 1: the minutes every maintenance pass recomputes
@@ -245,3 +253,57 @@ def gauge_sums_with_minutes(
             SELECT series_id, bin, CASE WHEN sum(c) > 0 THEN {exact_sum("x")} END AS v, sum(c) AS n
             FROM x GROUP BY series_id, bin HAVING sum(k) > 0
         ) JOIN s USING (series_id) ORDER BY series_id, bin"""
+
+
+def link_clock_with_minutes(
+    where: str, link: str, window: tuple[int, int, int], used: tuple[int, int], tix: tuple[int, int]
+) -> str:
+    """Rule 12's statement: ``[b, link sum, link sample times, clock sum, clock count]`` per bin of
+    ``gpu_samples``' series selected by ``where`` (``link``: the SQL test of a link metric, the
+    others are clocks), bins of ``bin`` from ``start`` (``window`` = (start, end, bin), ``used``
+    = ``[a, b)``, SQL literals).
+
+    ``p``, ``x``: as :func:`gauge_sums_with_minutes`' (the points outside the used minutes and
+    the edge points, the used minutes' rollup rows as ``avg · n`` and ``n``), by class (``l``)
+    instead of by series; ``sums``: exact sums per bin and class. ``t``: the window's instants
+    with a point of a link series, from the recent points' timestamps and the packed points'
+    ``tix`` (those between ``tix``, inclusive: the window's, as SQL literals, a range filter
+    the scan prunes with; the join to the timestamps keeps the window's), each instant once;
+    ``d``: their number per bin. Parameters: the ``where`` filter's, twice (the series, the
+    rollup rows)."""
+    start, end, bin_ns = (int(x) for x in window)
+    a, b = (int(x) for x in used)
+    t0, t1 = (int(x) for x in tix)
+    bin_of = f"CAST((ts_ns - {start - bin_ns + 1}) // {bin_ns} AS BIGINT) - 1"  # positive dividends
+    points = binned_points(
+        "gpu_samples", "value", start - 1, end, bin_of, None, _outside_used(start, bin_ns, used)
+    )
+    span = f"ts_ns > {start} AND ts_ns <= {end}"
+    links = "series_id IN (SELECT series_id FROM s WHERE l)"
+    return f"""
+        WITH s AS MATERIALIZED (
+            SELECT series_id, {link} AS l FROM gpu_samples_series WHERE {where}
+        ), p AS MATERIALIZED (
+            SELECT s.l, bin, ts_ns >= {a} AND ts_ns < {b} AS edge, value
+            FROM {points} JOIN s USING (series_id)
+        ), x AS (
+            SELECT l, bin, value AS x, CAST(value IS NOT NULL AS BIGINT) AS c FROM p WHERE bin >= 0
+            UNION ALL SELECT l, bin + 1, -value, -CAST(value IS NOT NULL AS BIGINT) FROM p WHERE edge
+            UNION ALL
+            SELECT {link}, CAST((minute_ns - {start}) // {bin_ns} AS BIGINT), avg * n, n FROM gpu_samples_1m
+            WHERE {where} AND minute_ns >= {a} AND minute_ns < {b}
+        ), sums AS (
+            SELECT bin, {exact_sum("x", "l")} AS ls, {exact_sum("x", "NOT l")} AS cs,
+                   sum(c) FILTER (WHERE NOT l) AS cn
+            FROM x GROUP BY bin
+        ), t AS (
+            SELECT ts_ns FROM {recent_name("gpu_samples")} WHERE {span} AND {links}
+            UNION
+            SELECT ts_ns FROM {times_name("gpu_samples")} JOIN (
+                SELECT tix FROM {packed_name("gpu_samples")} WHERE {links} AND tix BETWEEN {t0} AND {t1}
+                GROUP BY tix
+            ) USING (tix) WHERE {span}
+        ), d AS (
+            SELECT CAST((ts_ns - {start} - 1) // {bin_ns} AS BIGINT) AS bin, count(*) AS lt FROM t GROUP BY 1
+        )
+        SELECT bin AS b, ls, lt, cs, cn FROM sums FULL JOIN d USING (bin) ORDER BY bin"""
