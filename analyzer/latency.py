@@ -273,12 +273,16 @@ def _binned(
     if memo is None:
         return run()
     known: dict[tuple[int, int], pl.DataFrame] = memo.setdefault(("binned", *series), {})
+    regrouped: dict[tuple[int, int], pl.DataFrame] = memo.setdefault(("regrouped", *series), {})
     got = known.get((end_ns, bin_ns))
+    if got is None:
+        got = regrouped.get((end_ns, bin_ns))
     if got is not None:
         return got
-    for (end, b), finer in known.items():
+    for (end, b), finer in known.items():  # regrouped from what was read, each regrouping kept
         if end >= end_ns and bin_ns % b == 0 and (end_ns - start_ns) % b == 0:
-            return _coarser(finer, b, bin_ns, (end_ns - start_ns) // b)
+            got = regrouped[(end_ns, bin_ns)] = _coarser(finer, b, bin_ns, (end_ns - start_ns) // b)
+            return got
     got = known[(end_ns, bin_ns)] = run()
     return got
 
