@@ -18,7 +18,9 @@ Axes and what each reads:
   the load counter's requests.
 - ``kv_pressure``: mean KV-cache usage (0..1) over the deployment's engines' samples.
 - ``fabric_bytes``: NVLink + PCIe bytes/s summed over the deployment's GPUs, mean over samples.
-- ``clocks``: mean SM clock (MHz) over the deployment's GPUs.
+- ``clocks``: mean SM clock (MHz) over the deployment's GPUs. For a selection of 1,000 series or
+  more, both take the span's final minutes from the GPU rollup (analyzer.rolled_minutes rule
+  12: the same sample times and counts, sums within the rollup's rounding).
 - ``straggler_share``: the part of all collective wait in the deployment's communicators that
   one rank causes (the last to arrive at an instance is charged its peers' waits; see
   :mod:`analyzer.collectives`); the rank is the one blamed most in the analysed window, followed
@@ -312,7 +314,9 @@ def _gpu_rows(
 ) -> list[tuple[Any, ...]]:
     """Per bin: NVLink + PCIe bytes/s summed and the number of their sample times, SM clock sum
     and count, over the deployment's GPUs. On the series layout (raw rows) only the points of
-    those metrics' series are read, their metric class decided once per series."""
+    those metrics' series are read, their metric class decided once per series; for 1,000
+    series or more, the span's final minutes from the GPU rollup (:func:`_rolled_links`,
+    analyzer.rolled_minutes rule 12: 512 GPUs' 30 minutes 0.175 -> 0.116-0.126 s, load ~1)."""
     lo, hi, bin_ns = int(lo), int(hi), int(bin_ns)  # SQL literals: a bound number costs a search for pandas
     # exact sums (analyzer.point_bins.exact_sum): the same in any order DuckDB adds them
     link_sum, clock_sum = exact_sum("value", "link"), exact_sum("value", "clock")
