@@ -29,8 +29,8 @@ Rules:
    the points too, counted in its own bin and taken out of the next one.
 4. The rollup's minutes are complete only where retention kept every raw point of them: a raw
    point at or before the first used minute shows that (retention deletes the oldest points first,
-   the same instant for every series). The caller asks first whether the selection's look-back
-   holds one (:func:`looked_back_sql`); where none, it reads the window from the points alone.
+   the same instant for every series). The statement says whether the selection's look-back
+   holds one (``looked_back``); where none, the caller reads the window from the points alone.
 5. Each series' first point in the read range counts 0 (analyzer.latency rule 9): fresh series
    (no point in the look-back) have their first point in the window taken back out of its bin,
    read from the points as before. A bin is NULL only where every point in it has a NULL increase
@@ -128,8 +128,8 @@ def summed_with_minutes(
     ids: tuple[int, int],
     used: tuple[int, int],
 ) -> str:
-    """Rules 2, 3 and 5's statement: ``[described..., bin, name]`` (rule 4 is
-    :func:`looked_back_sql`, asked first).
+    """Rules 2-5's statement: ``[described..., bin, name, looked_back]`` (``looked_back``: rule
+    4's answer, the same in every row; no row where the selection has no point and no rollup row).
 
     ``e``: the window's points outside the used minutes, and those at a used minute's first
     instant on a bin edge (``edge``: rule 3; the window's start may be one, in the look-back's
@@ -168,7 +168,7 @@ def summed_with_minutes(
             SELECT series_id, {described} FROM {table}_series WHERE {concept}{where}
         ), e AS MATERIALIZED (
             SELECT series_id, bin, ts_ns >= {a} AND ts_ns < {b} AS edge, increase FROM {points}
-        ), seen AS (
+        ), seen AS MATERIALIZED (
             {seen}
         ), fresh AS (
             SELECT series_id FROM ser ANTI JOIN seen USING (series_id)
@@ -188,17 +188,12 @@ def summed_with_minutes(
             FROM {table}_1m WHERE {concept}{where} AND minute_ns >= {a} AND minute_ns < {b}
             GROUP BY ALL
         )
-        SELECT {out}, {exact_sum("inc")} AS {name} FROM (
-            SELECT {", ".join(f"ser.{c}" for c in cols)}, v.bin, v.inc FROM v JOIN ser USING (series_id)
-            UNION ALL SELECT * FROM r
-        ) GROUP BY {out} ORDER BY {out}"""
-
-
-def looked_back_sql(table: str, lower: int, start: int, ids: tuple[int, int]) -> str:
-    """Rule 4's question: ``[1]`` where a point of ``table`` with ``series_id`` in ``ids`` lies in the
-    look-back ``(lower, start]``, ``[0]`` where none (the first point found ends the read)."""
-    before = binned_points(table, "increase", lower, start, "0", ids)
-    return f"SELECT count(*) FROM (SELECT 1 FROM {before} LIMIT 1)"
+        SELECT *, (SELECT count(*) > 0 FROM seen) AS looked_back FROM (
+            SELECT {out}, {exact_sum("inc")} AS {name} FROM (
+                SELECT {", ".join(f"ser.{c}" for c in cols)}, v.bin, v.inc FROM v JOIN ser USING (series_id)
+                UNION ALL SELECT * FROM r
+            ) GROUP BY {out}
+        ) ORDER BY {out}"""
 
 
 # Gauges: a window's whole final minutes from the GPU rollup's per-minute means (rules 7-11).
