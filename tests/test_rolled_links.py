@@ -6,9 +6,10 @@ Inputs, hand-built: four GPUs' NVLink transmit rates (fractional bytes/s from a 
 and SM clocks (whole MHz) for 30 minutes, GPU 0 at every second, GPU 1 every 7 s half a second
 after the second (instants no other GPU has), GPU 2 from 400 s on, GPU 3 up to 1,200 s, and GPU
 0's SM activity (not an axis: never counted); maintained at 1,800 s (minutes up to 1,680 s final),
-read as written (recent points) and packed. Expected, from the written rows themselves: per 60 s
-bin, the number of distinct instants with a link value, the number of clock values, and the exact
-sums of each."""
+read as written (recent points) and packed, in 60 s bins and in one bin for the whole window (as a
+regression side off the span's bins is read). Expected, from the written rows themselves: per bin,
+the number of distinct instants with a link value, the number of clock values, and the exact sums
+of each."""
 
 from __future__ import annotations
 
@@ -76,15 +77,17 @@ def store(
     st.close()
 
 
-def _expected(written: Written, lo: int, hi: int) -> dict[int, tuple[Fraction, int, Fraction, int]]:
-    """Per 60 s bin of ``(BASE + lo s, BASE + hi s]``: the link values' exact sum and their
+def _expected(
+    written: Written, lo: int, hi: int, bin_s: int
+) -> dict[int, tuple[Fraction, int, Fraction, int]]:
+    """Per ``bin_s`` bin of ``(BASE + lo s, BASE + hi s]``: the link values' exact sum and their
     distinct instants, the clock values' exact sum and count, from the written rows."""
     out: dict[int, list[Fraction | int]] = {}
     instants: dict[int, set[int]] = {}
     for t, metric, value in written:
         if metric == "sm_active_ratio" or not lo * NS < t <= hi * NS:
             continue
-        b = (t - lo * NS - 1) // (60 * NS)
+        b = (t - lo * NS - 1) // (bin_s * NS)
         cell = out.setdefault(b, [Fraction(0), 0, Fraction(0), 0])
         if metric == "sm_clock_mhz":
             cell[2] += Fraction(value)
@@ -96,12 +99,12 @@ def _expected(written: Written, lo: int, hi: int) -> dict[int, tuple[Fraction, i
 
 
 def _read(
-    con: duckdb.DuckDBPyConnection, lo: int, hi: int, rolled: bool
+    con: duckdb.DuckDBPyConnection, lo: int, hi: int, rolled: bool, bin_s: int = 60
 ) -> dict[int, tuple[float, int, float, int]]:
     was = latency.ROLLED_MIN_SERIES
     latency.ROLLED_MIN_SERIES = 0 if rolled else 10**9
     try:
-        window = (BASE + lo * NS, BASE + hi * NS, 60 * NS)
+        window = (BASE + lo * NS, BASE + hi * NS, bin_s * NS)
         assert (_rolled_links(con, DEP, window) is not None) == rolled
         got = _gpu_rows(con, DEP, *window, False)
     finally:
@@ -109,20 +112,27 @@ def _read(
     return {int(b): (ls or 0.0, int(lt or 0), cs or 0.0, int(cn or 0)) for b, ls, lt, cs, cn in got}
 
 
-@pytest.mark.parametrize(("lo", "hi"), [(600, 1500), (900, 1800), (60, 1800), (960, 1440)])
-def test_the_rolled_axes_count_what_was_written(store: tuple[Store, Written], lo: int, hi: int) -> None:
+# (start, end, bin) in seconds: 60 s bins from a minute; the window's last minutes not final; one bin for the
+# whole window (a side of the regression off the span's bins), from a minute and from inside one
+@pytest.mark.parametrize(
+    ("lo", "hi", "bin_s"),
+    [(600, 1500, 60), (900, 1800, 60), (60, 1800, 60), (960, 1440, 60), (600, 1500, 900), (630, 1530, 900)],
+)
+def test_the_rolled_axes_count_what_was_written(
+    store: tuple[Store, Written], lo: int, hi: int, bin_s: int
+) -> None:
     st, written = store
-    want = _expected(written, lo, hi)
+    want = _expected(written, lo, hi, bin_s)
     with st.cursor() as con:
         for rolled in (False, True):
-            got = _read(con, lo, hi, rolled)
+            got = _read(con, lo, hi, rolled, bin_s)
             assert got.keys() == want.keys()
             for b, (ls, lt, cs, cn) in want.items():
                 assert (got[b][1], got[b][3]) == (lt, cn), b  # instants and clock values: exact
                 for x, exact in ((got[b][0], ls), (got[b][2], cs)):
                     bound = 0 if not rolled else BOUND  # the points' exact sums, rounded once
                     assert abs(Fraction(x) - exact) <= max(bound * exact, abs(exact) * 2.0**-52), b
-    assert any(lt > 60 for _, lt, _, _ in want.values())  # GPU 1's own instants are counted
+    assert any(lt > bin_s for _, lt, _, _ in want.values())  # GPU 1's own instants are counted
 
 
 def test_the_rolled_axes_are_the_same_for_any_thread_count(tmp_path: Path) -> None:
