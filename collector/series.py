@@ -228,8 +228,15 @@ def packed_insert_statements(spec: Table, source: str) -> list[str]:
 # Rule 5's places of a slice's series: constant series first, then by the decimals their values
 # need (most first), then by magnitude (smallest first), then by id. A value's decimals: the
 # fewest (0-6, else 7) that make it whole to 1e-9 of itself (0.07 * 100 is 7.000000000000001).
+# The decimals are judged on the points of every 16th second (seconds since the epoch), which
+# took the place of an hour of 512 GPUs' 12.9 M points from 2.6-3.3 s to 1.4-1.8 s; a series with
+# no point in them has no decimals (NULL, placed after those that have).
 _WHOLE = "abs(v * 1e{k} - round(v * 1e{k})) <= 1e-9 * greatest(abs(v * 1e{k}), 1)"
-_DECIMALS = "max(CASE " + " ".join(f"WHEN {_WHOLE.format(k=k)} THEN {k}" for k in range(7)) + " ELSE 7 END)"
+_DECIMALS = (
+    "max(CASE WHEN ts_ns // 1000000000 % 16 <> 0 THEN NULL "
+    + " ".join(f"WHEN {_WHOLE.format(k=k)} THEN {k}" for k in range(7))
+    + " ELSE 7 END)"
+)
 _CLASS = (
     "min(v) IS NOT DISTINCT FROM max(v) AS constant, "
     f"{_DECIMALS} AS decimals, "
