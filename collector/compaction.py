@@ -25,14 +25,16 @@ Rules:
    to the old file.
 4. A rewrite that fails (a full disk, a lock held by another process) deletes its partial copy
    and leaves the old file in place; the caller logs it: the store is only larger.
-5. The GPU rollup's rows are copied in the order :data:`ROW_ORDERS` gives: the rows whose series
-   varied in their minute first, by minute and then by value, the rows of a series constant in
-   its minute (``min = max``) last, by value, then minute. DuckDB stores these DOUBLE columns
-   as runs (RLE: 8 bytes a value and 2 a count), so each run of equal values costs ~10 bytes a
-   column: the constant rows of a value (the zeros of eight error counters on every GPU, every
-   minute) become one run instead of one a minute and field, and equal values of one minute
-   sit side by side. One hour of 8 GPUs' rollups (12,200 rows): 272,888 bytes in insertion
-   order, over one block of 256 KiB; 252,176 in this order (``bench/results/density.md``).
+5. The GPU rollup's rows are copied in the order :data:`ROW_ORDERS` gives when there are at most
+   :data:`ORDERED_ROWS` of them (the sort then fits the rewrite's memory; more are copied in their
+   order): the rows whose series varied in their minute first, by minute and then by value, the
+   rows of a series constant in its minute (``min = max``) last, by value, then minute. DuckDB
+   stores these DOUBLE columns as runs (RLE: 8 bytes a value and 2 a count), so each run of equal
+   values costs ~10 bytes a column: the constant rows of a value (the zeros of eight error
+   counters on every GPU, every minute) become one run instead of one a minute and field, and
+   equal values of one minute sit side by side. One hour of 8 GPUs' rollups (12,200 rows):
+   272,888 bytes in insertion order, over one block of 256 KiB; 252,176 in this order
+   (``bench/results/density.md``).
    Varying rows come first because DuckDB judges ALP from the column's first vectors: constant
    rows first made it choose ALP, and that took 405,448 bytes. Only the physical order changes:
    every reader's SQL orders or groups what it reads.
@@ -57,6 +59,9 @@ ROW_ORDERS = {
     "gpu_samples_1m": "min = max, CASE WHEN min = max THEN min END, minute_ns, min, max, avg, last, "
     "host, uuid, metric, link, gpu, n",
 }
+# Rule 5: the most rows a table is sorted with. Sorting the rollup's rows (13 columns, three of
+# them text) under the rewrite's 32MB: 61,000 rows (5 hours of 8 GPUs) fit, 97,600 did not.
+ORDERED_ROWS = 49_152
 
 
 @dataclass(frozen=True)
@@ -124,8 +129,11 @@ def _copy_rows(con: duckdb.DuckDBPyConnection) -> None:
     for schema, table in tables:
         name = f'"{schema}"."{table}"'
         order = ROW_ORDERS.get(table) if schema == "main" else None
-        by = f" ORDER BY {order}" if order else ""
-        con.execute(f"INSERT INTO new.{name} SELECT * FROM old.{name}{by}")
+        got = con.execute(f"SELECT count(*) FROM old.{name}").fetchone() if order else None
+        if order is None or got is None or int(got[0]) > ORDERED_ROWS:
+            con.execute(f"INSERT INTO new.{name} SELECT * FROM old.{name}")
+        else:
+            con.execute(f"INSERT INTO new.{name} SELECT * FROM old.{name} ORDER BY {order}")
 
 
 def _check_counts(con: duckdb.DuckDBPyConnection, path: Path) -> None:

@@ -8,6 +8,7 @@ changes a count or a sum.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -210,12 +211,13 @@ def test_state_rows_of_an_older_file_become_the_one_row(tmp_path: Path) -> None:
 
 
 def test_the_rewrite_stores_the_gpu_rollup_varying_minutes_first_and_constants_by_value(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """collector.compaction rule 5: the rewritten file holds the same rollup rows, stored with
     the minutes in which a series varied first (by minute), then the rows of series constant in
-    their minute, by value, then minute. GPU-0 rises every 10 s; GPU-1 and GPU-3 stay 0, GPU-2
-    stays 5; three whole minutes are rolled up."""
+    their minute, by value, then minute; a table of more rows than ORDERED_ROWS is copied in its
+    order. GPU-0 rises every 10 s; GPU-1 and GPU-3 stay 0, GPU-2 stays 5; three whole minutes are
+    rolled up."""
     path = tmp_path / "s.duckdb"
     ts = [BASE + k * 10 * NS for k in range(18)]
     level = {0: None, 1: 0.0, 2: 5.0, 3: 0.0}
@@ -234,7 +236,9 @@ def test_the_rewrite_stores_the_gpu_rollup_varying_minutes_first_and_constants_b
         store.maintain(BASE + 3 * 60 * NS)
         with store.cursor() as cur:
             before = cur.execute("SELECT * FROM gpu_samples_1m ORDER BY ALL").fetchall()
+            inserted = cur.execute("SELECT uuid, minute_ns FROM gpu_samples_1m ORDER BY rowid").fetchall()
     assert len(before) == 12
+    shutil.copyfile(path, tmp_path / "more.duckdb")
     compaction.compact(path, STORAGE_VERSION)
     con = duckdb.connect(str(path), read_only=True)
     try:
@@ -249,3 +253,11 @@ def test_the_rewrite_stores_the_gpu_rollup_varying_minutes_first_and_constants_b
         *[(u, m, 0.0) for m in minutes for u in ("GPU-1", "GPU-3")],
         *[("GPU-2", m, 5.0) for m in minutes],
     ]
+    # more rows than the rewrite sorts (ORDERED_ROWS): copied in their order
+    monkeypatch.setattr(compaction, "ORDERED_ROWS", 11)
+    compaction.compact(tmp_path / "more.duckdb", STORAGE_VERSION)
+    con = duckdb.connect(str(tmp_path / "more.duckdb"), read_only=True)
+    try:
+        assert con.execute("SELECT uuid, minute_ns FROM gpu_samples_1m ORDER BY rowid").fetchall() == inserted
+    finally:
+        con.close()
