@@ -350,7 +350,7 @@ def _series_bins(
               JOIN s USING (series_id) ORDER BY series_id, bin"""
 
     def run() -> pl.DataFrame:
-        used = _rolled_gauges(con, table, where, ids, (start_ns, end_ns, bin_ns))
+        used = rolled_gauges(con, table, where, ids, (start_ns, end_ns, bin_ns))
         if used is None:
             got = con.execute(sql, [ids]).pl()
         else:  # the window's final minutes from the rollup (analyzer.rolled_minutes rules 7-11)
@@ -367,7 +367,7 @@ def _series_bins(
     return kept[(start_ns, bin_ns)]
 
 
-def _rolled_gauges(
+def rolled_gauges(
     con: duckdb.DuckDBPyConnection, table: str, where: str, ids: str, window: tuple[int, int, int]
 ) -> tuple[int, int] | None:
     """The minutes ``[a, b)`` of ``window`` (start, end, bin) that :func:`_series_bins` reads

@@ -96,7 +96,7 @@ import polars as pl
 
 from analyzer.deployments import ENGINE_KEY_SQL, IN_TEXTS, texts
 from analyzer.point_bins import binned_points, exact_sum, exact_total
-from analyzer.rolled_minutes import looked_back_sql, summed_with_minutes, used_minutes, watermark
+from analyzer.rolled_minutes import summed_with_minutes, used_minutes, watermark
 
 HISTOGRAMS = (
     "ttft_seconds",
@@ -273,12 +273,16 @@ def _binned(
     if memo is None:
         return run()
     known: dict[tuple[int, int], pl.DataFrame] = memo.setdefault(("binned", *series), {})
+    regrouped: dict[tuple[int, int], pl.DataFrame] = memo.setdefault(("regrouped", *series), {})
     got = known.get((end_ns, bin_ns))
+    if got is None:
+        got = regrouped.get((end_ns, bin_ns))
     if got is not None:
         return got
-    for (end, b), finer in known.items():
+    for (end, b), finer in known.items():  # regrouped from what was read, each regrouping kept
         if end >= end_ns and bin_ns % b == 0 and (end_ns - start_ns) % b == 0:
-            return _coarser(finer, b, bin_ns, (end_ns - start_ns) // b)
+            got = regrouped[(end_ns, bin_ns)] = _coarser(finer, b, bin_ns, (end_ns - start_ns) // b)
+            return got
     got = known[(end_ns, bin_ns)] = run()
     return got
 
@@ -573,10 +577,12 @@ def _run_summed(
     table, described, where, name = stored
     lo, hi, n = ids
     used = _used_minutes(con, table, window[0], window[1], window[2]) if n >= ROLLED_MIN_SERIES else None
-    if used is not None and _looked_back(con, table, window, (lo, hi)):
+    if used is not None:
         concept = "true" if every else f"concept {IN_TEXTS}"
         sql = summed_with_minutes(table, described, concept, where, name, window, (lo, hi), used)
-        return con.execute(sql, args + args).pl()
+        got = con.execute(sql, args + args).pl()
+        if got.height and got["looked_back"][0]:  # else read again from the points (rule 4 there)
+            return got.drop("looked_back")
     return con.execute(_summed_increases(table, described, where, name, window, (lo, hi), every), args).pl()
 
 
@@ -586,17 +592,6 @@ def _run_summed(
 # series 0.059-0.069 s against 0.047-0.052 s from the points; 64 GPUs' 688 and 192 series 0.077
 # against 0.081 s; 512 GPUs' 5,504 and 1,536 series 2-3x faster)
 ROLLED_MIN_SERIES = 1_000
-
-
-def _looked_back(
-    con: duckdb.DuckDBPyConnection, table: str, window: tuple[int, int, int, int], ids: tuple[int, int]
-) -> bool:
-    """Rule 12 (analyzer.rolled_minutes rule 4): whether the selection's look-back holds a point,
-    asked before the statement (a LIMIT 1 read, 1-2 ms at 512 GPUs), once per report (rule 8)."""
-    start, _, _, lower = window
-    sql = looked_back_sql(table, lower, start, ids)
-    row = _shared((id(con), sql), lambda: con.execute(sql).fetchone())
-    return bool(row and row[0])
 
 
 def rollup_columns(con: duckdb.DuckDBPyConnection, table: str) -> frozenset[str]:

@@ -558,8 +558,9 @@ class Store(RowCounts):
         try:
             sql = f"CREATE OR REPLACE TEMP TABLE _points AS SELECT {distinct}* FROM _stream"
             run_on_stream(cur, sql, rows)
-            tix, insert, *rest = series.packed_insert_statements(spec, "_points")
+            tix, places, insert, *rest = series.packed_insert_statements(spec, "_points")
             cur.execute(tix)
+            cur.execute(places)
             got = cur.execute(insert).fetchone()
             for sql in [*rest, "DROP TABLE _points"]:
                 cur.execute(sql)

@@ -82,3 +82,27 @@ def test_the_probe_hour_in_the_gap_reads_the_first_sample() -> None:
             got = baseline_for(con, dep, start, END, th)
             assert got == pick_baseline(history_start(con, dep), start, END, th)
             assert got == ("previous_window", (start - 2 * 3600 * NS, start), None)
+
+
+def test_the_first_sample_when_another_deployment_started_the_store() -> None:
+    """Another model's engine (``other-engine-0``) scraped from three hours before ``T0`` starts
+    the store; this deployment's first sample is still ``T0 + 5 s`` (``build``'s first scrape).
+    The store's first minute holds none of this deployment's samples, so every point is read;
+    where this deployment is the one that starts the store (the island, its own source), the first
+    minute answers. Both as the full read of every point (``min`` over the sources' points)."""
+    for other in (True, False):
+        st = build([Phase(3600)])
+        source = "other-engine-0" if other else SOURCE
+        ident = {"source": source, "engine": "0", "model": "other8b" if other else "llama8b", "dp_rank": -1}
+        rows = [
+            {**ident, "ts_ns": T0 - 10800 * NS + k * 5 * NS, "concept": "kv_usage_ratio", "value": 0.4,
+             "rate_per_s": None}
+            for k in range(1, 361)
+        ]  # fmt: skip
+        st.write("engine_samples", frame("engine_samples", rows))
+        with st.cursor() as con:
+            dep = next(d for d in list_deployments(con) if SOURCE in {k.split("|")[0] for k in d.engine_keys})
+            first = history_start(con, dep)
+            scan = con.execute("SELECT min(ts_ns) FROM engine_samples WHERE source = ?", [SOURCE]).fetchone()
+        assert first == (T0 + 5 * NS if other else T0 - 10800 * NS + 5 * NS)
+        assert scan is not None and first == scan[0]

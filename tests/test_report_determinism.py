@@ -7,7 +7,7 @@ next. The report's fits compare such sums with thresholds (Cp's hinge fit picks 
 error on a grid), so a last-bit change could turn a verdict. The analyzer sums exactly
 (``analyzer.point_bins.exact_sum``/``exact_total``), which no order changes; the window's final
 minutes come from the rollups (``analyzer.latency`` rule 12, and for the GPU gauges
-``analyzer.rolled_minutes`` rule 7), summed exactly as well.
+``analyzer.rolled_minutes`` rules 7 and 12), summed exactly as well.
 
 Input: the benchmark's generated telemetry (``bench.bench_envelope.generate``: 16 GPUs and 4
 engines at 1 Hz for an hour, with rollups), large enough that every raw table the report sums
@@ -23,8 +23,9 @@ import duckdb
 import pytest
 
 import analyzer.latency as latency
-from analyzer.crossover import _KEPT, _rolled_gauges
+from analyzer.crossover import _KEPT, rolled_gauges
 from analyzer.deployments import list_deployments, texts
+from analyzer.regression_axes import _rolled_links
 from analyzer.report import deployment_report
 from analyzer.thresholds import Thresholds
 from bench.bench_envelope import NS, T0, generate
@@ -68,7 +69,10 @@ def test_report_is_identical_for_any_thread_count_and_run(
             got = con.execute("SELECT DISTINCT uuid FROM gpu_samples_series").fetchall()
             uuids = texts([r[0] for r in got])
             table, _, where = _KEPT["gpu"]
-            assert _rolled_gauges(con, table, where, uuids, (end - 900 * NS, end, 60 * NS)) is not None
+            assert rolled_gauges(con, table, where, uuids, (end - 900 * NS, end, 60 * NS)) is not None
+            # and the regression's link and clock axes over its span (rule 12 there)
+            dep = list_deployments(con, end - 900 * NS)[0]
+            assert _rolled_links(con, dep, (end - 1800 * NS, end, 60 * NS)) is not None
     one = _report(store, 1)
     assert '"cp"' in one and '"regression"' in one
     runs = [_report(store, t) for t in (4, 4, 1, 4, 2, 4)]

@@ -20,7 +20,7 @@ import polars as pl
 import pytest
 
 import analyzer.latency as latency
-from analyzer.crossover import _KEPT, _rolled_gauges, _series_bins
+from analyzer.crossover import _KEPT, _series_bins, rolled_gauges
 from analyzer.deployments import texts
 from collector.store import Retention, Store
 
@@ -114,7 +114,7 @@ def test_rolled_minutes_equal_the_points_within_the_bound(store: Store, lo: int,
         table, _, where = _KEPT["gpu"]
         latency.ROLLED_MIN_SERIES, was = 0, latency.ROLLED_MIN_SERIES
         try:
-            used = _rolled_gauges(cur, table, where, texts(UUIDS), (start, end, bin_ns))
+            used = rolled_gauges(cur, table, where, texts(UUIDS), (start, end, bin_ns))
         finally:
             latency.ROLLED_MIN_SERIES = was
         assert used is not None and used[1] - used[0] >= 3 * 60 * NS
@@ -133,12 +133,12 @@ def test_a_start_inside_a_minute_in_60s_bins_reads_the_points(store: Store) -> N
     with store.cursor() as cur:
         table, _, where = _KEPT["gpu"]
         start = BASE + 630 * NS
-        assert _rolled_gauges(cur, table, where, texts(UUIDS), (start, start + 900 * NS, 60 * NS)) is None
+        assert rolled_gauges(cur, table, where, texts(UUIDS), (start, start + 900 * NS, 60 * NS)) is None
 
 
 def _used(cur: duckdb.DuckDBPyConnection, lo: int = 600, hi: int = 1500) -> tuple[int, int] | None:
     table, _, where = _KEPT["gpu"]
-    return _rolled_gauges(cur, table, where, texts(UUIDS), (BASE + lo * NS, BASE + hi * NS, 60 * NS))
+    return rolled_gauges(cur, table, where, texts(UUIDS), (BASE + lo * NS, BASE + hi * NS, 60 * NS))
 
 
 def test_the_threshold(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:

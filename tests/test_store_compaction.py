@@ -8,6 +8,7 @@ changes a count or a sum.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -207,3 +208,56 @@ def test_state_rows_of_an_older_file_become_the_one_row(tmp_path: Path) -> None:
         got = store.con.execute("SELECT * FROM ioe_state").fetchall()
         assert store._state("never_set_ns") == 5 and store._state("rollup_watermark_ns") == 180
     assert got == [(180, 7, 5)]
+
+
+def test_the_rewrite_stores_the_gpu_rollup_varying_minutes_first_and_constants_by_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """collector.compaction rule 5: the rewritten file holds the same rollup rows, stored with
+    the minutes in which a series varied first (by minute), then the rows of series constant in
+    their minute, by value, then minute; a table of more rows than ORDERED_ROWS is copied in its
+    order. GPU-0 rises every 10 s; GPU-1 and GPU-3 stay 0, GPU-2 stays 5; three whole minutes are
+    rolled up."""
+    path = tmp_path / "s.duckdb"
+    ts = [BASE + k * 10 * NS for k in range(18)]
+    level = {0: None, 1: 0.0, 2: 5.0, 3: 0.0}
+    rows = batch(
+        "gpu_samples",
+        {
+            "ts_ns": [t for t in ts for _ in level],
+            "host": ["node0"] * (len(ts) * len(level)),
+            "uuid": [f"GPU-{s}" for _ in ts for s in level],
+            "metric": ["power_w"] * (len(ts) * len(level)),
+            "value": [float(k) if v is None else v for k in range(len(ts)) for v in level.values()],
+        },
+    )
+    with Store(path) as store:
+        store.write("gpu_samples", rows)
+        store.maintain(BASE + 3 * 60 * NS)
+        with store.cursor() as cur:
+            before = cur.execute("SELECT * FROM gpu_samples_1m ORDER BY ALL").fetchall()
+            inserted = cur.execute("SELECT uuid, minute_ns FROM gpu_samples_1m ORDER BY rowid").fetchall()
+    assert len(before) == 12
+    shutil.copyfile(path, tmp_path / "more.duckdb")
+    compaction.compact(path, STORAGE_VERSION)
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        after = con.execute("SELECT * FROM gpu_samples_1m ORDER BY ALL").fetchall()
+        stored = con.execute("SELECT uuid, minute_ns, min FROM gpu_samples_1m ORDER BY rowid").fetchall()
+    finally:
+        con.close()
+    assert after == before
+    minutes = [BASE + m * 60 * NS for m in range(3)]
+    assert stored == [
+        *[("GPU-0", m, float(6 * i)) for i, m in enumerate(minutes)],
+        *[(u, m, 0.0) for m in minutes for u in ("GPU-1", "GPU-3")],
+        *[("GPU-2", m, 5.0) for m in minutes],
+    ]
+    # more rows than the rewrite sorts (ORDERED_ROWS): copied in their order
+    monkeypatch.setattr(compaction, "ORDERED_ROWS", 11)
+    compaction.compact(tmp_path / "more.duckdb", STORAGE_VERSION)
+    con = duckdb.connect(str(tmp_path / "more.duckdb"), read_only=True)
+    try:
+        assert con.execute("SELECT uuid, minute_ns FROM gpu_samples_1m ORDER BY rowid").fetchall() == inserted
+    finally:
+        con.close()
