@@ -26,14 +26,19 @@ END = T0 + 3600 * NS
 def _store(island: bool) -> Store:
     st = build([Phase(3600)])
     if island:  # KV usage every 5 s over (T0 - 3 h, T0 - 2.5 h]: then nothing until T0
-        ident = {"source": SOURCE, "engine": "0", "model": "llama8b", "dp_rank": -1}
-        rows = [
-            {**ident, "ts_ns": T0 - 10800 * NS + k * 5 * NS, "concept": "kv_usage_ratio", "value": 0.4,
-             "rate_per_s": None}
-            for k in range(1, 361)
-        ]  # fmt: skip
-        st.write("engine_samples", frame("engine_samples", rows))
+        _write_island(st, SOURCE, "llama8b")
     return st
+
+
+def _write_island(st: Store, source: str, model: str) -> None:
+    """KV usage of ``source``'s engine 0 every 5 s over (T0 - 3 h, T0 - 2.5 h]."""
+    ident = {"source": source, "engine": "0", "model": model, "dp_rank": -1}
+    rows = [
+        {**ident, "ts_ns": T0 - 10800 * NS + k * 5 * NS, "concept": "kv_usage_ratio", "value": 0.4,
+         "rate_per_s": None}
+        for k in range(1, 361)
+    ]  # fmt: skip
+    st.write("engine_samples", frame("engine_samples", rows))
 
 
 CASES = [
@@ -92,14 +97,7 @@ def test_the_first_sample_when_another_deployment_started_the_store() -> None:
     minute answers. Both as the full read of every point (``min`` over the sources' points)."""
     for other in (True, False):
         st = build([Phase(3600)])
-        source = "other-engine-0" if other else SOURCE
-        ident = {"source": source, "engine": "0", "model": "other8b" if other else "llama8b", "dp_rank": -1}
-        rows = [
-            {**ident, "ts_ns": T0 - 10800 * NS + k * 5 * NS, "concept": "kv_usage_ratio", "value": 0.4,
-             "rate_per_s": None}
-            for k in range(1, 361)
-        ]  # fmt: skip
-        st.write("engine_samples", frame("engine_samples", rows))
+        _write_island(st, "other-engine-0" if other else SOURCE, "other8b" if other else "llama8b")
         with st.cursor() as con:
             dep = next(d for d in list_deployments(con) if SOURCE in {k.split("|")[0] for k in d.engine_keys})
             first = history_start(con, dep)
