@@ -181,12 +181,7 @@ class LastPoints:
                 sids = ids[a:b]
             t, v = ts[a:b], values[a:b]
             if sids == before:  # the same series as the scrape before (the common case): by position
-                if not all(map(operator.lt, before_t, t)):
-                    return None
-                out += [
-                    0.0 if p is None else None if c is None else c - p if c >= p else c
-                    for c, p in zip(v, before_v, strict=True)
-                ]
+                prev_t, prev_v = before_t, before_v
             else:
                 # the run before is written to ``newest`` only now: runs of the same series in a
                 # row would each overwrite the same keys
@@ -196,20 +191,13 @@ class LastPoints:
                     got = [_previous(s, newest, last, first_new) for s in sids]
                     if any(g is _UNLOADED for g in got):
                         return None
-                if not all(map(operator.lt, [p[0] for p in got], t)):
-                    return None
-                out += [
-                    None
-                    if p is _FIRST
-                    else 0.0
-                    if p is None
-                    else None
-                    if c is None
-                    else c - p
-                    if c >= p
-                    else c
-                    for c, (_, p) in zip(v, got, strict=True)
-                ]
+                prev_t, prev_v = [p[0] for p in got], [p[1] for p in got]
+            if not all(map(operator.lt, prev_t, t)):
+                return None
+            out += [
+                None if p is _FIRST else 0.0 if p is None else None if c is None else c - p if c >= p else c
+                for c, p in zip(v, prev_v, strict=True)
+            ]
             before, before_t, before_v = sids, t, v
             a = b
         newest.update(zip(before, zip(before_t, before_v, strict=True), strict=True))
