@@ -228,13 +228,10 @@ def gauge_sums_with_minutes(
     rows, ``avg · n`` and ``n``, under their key's first series. Summed by that series and bin
     with :func:`analyzer.point_bins.exact_sum`; a bin is a row where it has a point (``k``), as
     from the points. Parameters: the ``where`` filter's, twice (the series, the rollup rows)."""
-    start, end, bin_ns = (int(x) for x in window)
+    start, _, bin_ns = (int(x) for x in window)
     a, b = (int(x) for x in used)
     key = GAUGE_ROLLUPS[table]
-    bin_of = (
-        f"CAST((ts_ns - {start - bin_ns + 1}) // {bin_ns} AS BIGINT) - 1"  # positive dividends: // truncates
-    )
-    points = binned_points(table, "value", start - 1, end, bin_of, None, _outside_used(start, bin_ns, (a, b)))
+    points = _gauge_points(table, window, used)
     out = ", ".join(f"s.{c.strip()}" for c in described.split(","))
     return f"""
         WITH s AS MATERIALIZED (
@@ -259,6 +256,18 @@ def gauge_sums_with_minutes(
         ) JOIN s USING (series_id) ORDER BY series_id, bin"""
 
 
+def _gauge_points(table: str, window: tuple[int, int, int], used: tuple[int, int]) -> str:
+    """The points of ``table`` in ``(start - 1, end]`` that rules 7 and 12 read (outside the used
+    minutes, and the edge points: rule 3), each in its bin of ``bin`` from ``start`` (the start
+    instant in bin -1); ``window`` = (start, end, bin), ``used`` = ``[a, b)``."""
+    start, end, bin_ns = (int(x) for x in window)
+    a, b = (int(x) for x in used)
+    bin_of = (
+        f"CAST((ts_ns - {start - bin_ns + 1}) // {bin_ns} AS BIGINT) - 1"  # positive dividends: // truncates
+    )
+    return binned_points(table, "value", start - 1, end, bin_of, None, _outside_used(start, bin_ns, (a, b)))
+
+
 def link_clock_with_minutes(
     where: str, link: str, window: tuple[int, int, int], used: tuple[int, int], tix: tuple[int, int]
 ) -> str:
@@ -278,10 +287,7 @@ def link_clock_with_minutes(
     start, end, bin_ns = (int(x) for x in window)
     a, b = (int(x) for x in used)
     t0, t1 = (int(x) for x in tix)
-    bin_of = f"CAST((ts_ns - {start - bin_ns + 1}) // {bin_ns} AS BIGINT) - 1"  # positive dividends
-    points = binned_points(
-        "gpu_samples", "value", start - 1, end, bin_of, None, _outside_used(start, bin_ns, used)
-    )
+    points = _gauge_points("gpu_samples", window, used)
     span = f"ts_ns > {start} AND ts_ns <= {end}"
     links = "series_id IN (SELECT series_id FROM s WHERE l)"
     return f"""
