@@ -7,8 +7,8 @@ have written, copy the store and repack the copy::
     cp /tmp/fleet24b/g512_1h.duckdb /tmp/g512_repacked.duckdb
     python -m bench.repack_store /tmp/g512_repacked.duckdb
 
-Each slice of each table moves through :func:`collector.series.pack_statements` in one
-transaction, as the maintenance pass moves a closed hour; the rows read back are the same.
+Each slice of each table moves through :meth:`collector.store.Store.pack_slice` (a chunk a
+transaction, as the maintenance pass moves a closed hour); the rows read back are the same.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def repack(path: str) -> int:
             for (k,) in slices:
                 started = time.perf_counter()
                 lo = int(k) * series.SLICE_NS
-                store._transaction(series.pack_statements(spec, lo, lo + series.SLICE_NS))
+                store.pack_slice(spec, lo)
                 print(f"{name} slice {k}: {time.perf_counter() - started:.1f} s", flush=True)
                 done += 1
     finally:

@@ -44,8 +44,9 @@ Rules:
    A file whose ``T_points`` is a table (schema 3) has it renamed ``T_recent`` and gets the
    packed tables and the view, in one transaction (:func:`recent_statements`).
 5. Packing a slice moves every point of it (recent and already packed: late samples) into the
-   packed form in one transaction: the rows read through ``T_points`` before and after are
-   the same. A slice's rows are sorted by time chunk, then by series: each series' points of a
+   packed form, a time chunk a transaction (:func:`slice_statements` once, then
+   :func:`chunk_statements` per chunk; :func:`pack_statements` is all of it in one): the rows
+   read through ``T_points`` after each commit are the same as before it. A slice's rows are sorted by time chunk, then by series: each series' points of a
    chunk are one run, the runs in the series' places. A series' place in a slice comes from its
    values there (the table's first value column): constant series first, then by the decimals
    the values need (most first: 6-decimal ratios, then 3-decimal energies, ..., whole numbers),
@@ -185,26 +186,43 @@ def increase_column_statements(spec: Table) -> list[str]:
 
 
 def pack_statements(spec: Table, lo_ns: int, hi_ns: int) -> list[str]:
-    """Rule 5: every point of ``[lo_ns, hi_ns)`` into the packed form (run in a transaction).
+    """Rule 5: every point of the slice ``[lo_ns, hi_ns)`` into the packed form in one
+    transaction: :func:`slice_statements`, :func:`chunk_statements` over the whole slice, and
+    :data:`DROP_SLICE`. The store packs a slice a chunk a transaction instead (its ``pack`` rule
+    2), which writes the same rows in the same order."""
+    return [*slice_statements(spec, lo_ns, hi_ns), *chunk_statements(spec, lo_ns, hi_ns), *DROP_SLICE]
 
-    The slice's timestamps get new ``tix`` numbers above every stored one (dense, in time order);
-    its points (recent and already packed) are written packed under them, then the old forms
-    are deleted: packed rows by their old ``tix`` (the new ones are not in ``T_times`` yet),
-    recent rows by time. No copy of the slice is held aside: the sort spills to disk under a
-    small memory limit."""
-    t, lo, hi = spec.name, int(lo_ns), int(hi_ns)
-    window = f"ts_ns >= {lo} AND ts_ns < {hi}"
+
+def slice_statements(spec: Table, lo_ns: int, hi_ns: int) -> list[str]:
+    """Rule 5's temp tables of the slice ``[lo_ns, hi_ns)``: ``_tix`` (the slice's timestamps
+    numbered above every stored ``tix``, dense in time order, with their rank and time chunk) and
+    ``_places`` (its series' places). :data:`SLICE_CHUNKS` then lists its chunks."""
+    t = spec.name
+    window = f"ts_ns >= {int(lo_ns)} AND ts_ns < {int(hi_ns)}"
     return [
         _tix_statement(t, f"{points_name(t)} WHERE {window}"),
         _places_statement(spec, points_name(t), f"WHERE p.{window}"),
+    ]
+
+
+def chunk_statements(spec: Table, lo_ns: int, hi_ns: int) -> list[str]:
+    """Rule 5 for the points of ``[lo_ns, hi_ns)``, one or more whole chunks of a slice whose
+    :func:`slice_statements` ran (one transaction): written packed under their new ``tix``, then
+    their old forms deleted (packed rows by their old ``tix``, which the new ones are not among
+    until ``T_times`` gets them last; recent rows by time). No copy of the points is held aside:
+    the sort spills to disk under a small memory limit."""
+    t, window = spec.name, f"ts_ns >= {int(lo_ns)} AND ts_ns < {int(hi_ns)}"
+    return [
         _packed_insert(spec, points_name(t), f"WHERE p.{window}"),
         f"DELETE FROM {packed_name(t)} WHERE tix IN (SELECT tix FROM {times_name(t)} WHERE {window})",
         f"DELETE FROM {times_name(t)} WHERE {window}",
         f"DELETE FROM {recent_name(t)} WHERE {window}",
-        f"INSERT INTO {times_name(t)} SELECT tix, ts_ns FROM _tix ORDER BY tix",
-        "DROP TABLE _tix",
-        "DROP TABLE _places",
+        f"INSERT INTO {times_name(t)} SELECT tix, ts_ns FROM _tix WHERE {window} ORDER BY tix",
     ]
+
+
+SLICE_CHUNKS = "SELECT DISTINCT chunk FROM _tix ORDER BY chunk"  # the starts of a slice's chunks
+DROP_SLICE = ["DROP TABLE IF EXISTS _tix", "DROP TABLE IF EXISTS _places"]
 
 
 def packed_insert_statements(spec: Table, source: str) -> list[str]:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -366,8 +367,7 @@ class Store(RowCounts):
             if slices:
                 log.info("store %s: sorting %d packed slices of %s by chunk", self.path, len(slices), name)
             for (k,) in slices:
-                lo = int(k) * series.SLICE_NS
-                self._transaction(series.pack_statements(spec, lo, lo + series.SLICE_NS))
+                self.pack_slice(spec, int(k) * series.SLICE_NS)
 
     def _layout(self) -> None:
         """Every table of :data:`TABLES`: created when missing; a raw table in the series layout,
@@ -721,8 +721,15 @@ class Store(RowCounts):
 
         1. A slice is closed :data:`PACK_GRACE_NS` after it ends (``now_ns``: the wall clock,
            or the time a maintenance pass is run for).
-        2. Each slice is packed in its own transaction: a crash or a failure part way keeps
-           every point, in one form or the other (the earlier slices packed, the rest recent).
+        2. Each time chunk of a slice is packed in its own transaction (the slice's ``tix`` and
+           places are worked out once, before its first chunk: collector.series rule 5, so the
+           rows and their order are those of packing the slice at once). A crash or a failure
+           part way keeps every point, in one form or the other (the earlier chunks and slices
+           packed, the rest recent; the next pass packs the slice again whole, rule 3). What one
+           transaction holds is bounded by its chunk, not by the slice: an hour of 5.76 M
+           histogram points, packed at once, filled the collector's 32MB cap in the checkpoint
+           of its commit, and DuckDB then invalidates the database; a chunk at a time it packs
+           (``tests/test_store_pack.py``).
         3. A slice that gets late points after it was packed is packed again with them at the
            next pass (they wait in ``T_recent`` until then, read like any other point).
         """
@@ -740,10 +747,31 @@ class Store(RowCounts):
                 f"WHERE ts_ns >= 0 AND ts_ns < {int(before)} GROUP BY k ORDER BY k"
             ).fetchall()
             for k, _ in slices:  # rule 2
-                lo = int(k) * slice_ns
-                self._transaction(series.pack_statements(index.spec, lo, lo + slice_ns))
+                self.pack_slice(index.spec, int(k) * slice_ns)
             done[f"packed_{name}"] = sum(int(n) for _, n in slices)
         return done
+
+    def pack_slice(self, spec: Table, lo_ns: int) -> None:
+        """:meth:`pack` rule 2 for the slice of ``spec``'s points that starts at ``lo_ns``: its
+        temp tables first (collector.series rule 5), then one transaction per chunk, in time order,
+        each followed by a checkpoint where there are several: without it a chunk's deleted
+        recent rows stay in DuckDB's memory until the WAL's own checkpoint, and the bench node's
+        hour (``bench.bench_sidecar``'s bodies replayed) ran out of the 32MB cap in its third
+        histogram chunk."""
+        hi_ns, con = lo_ns + series.SLICE_NS, self.con
+        with self._lock:
+            try:
+                for sql in series.slice_statements(spec, lo_ns, hi_ns):
+                    con.execute(sql)
+                starts = [int(c) for (c,) in con.execute(series.SLICE_CHUNKS).fetchall()]
+                edges = [lo_ns, *starts[1:], hi_ns]
+                for a, b in pairwise(edges):
+                    self._transaction(series.chunk_statements(spec, a, b))
+                    if len(edges) > 2:
+                        con.execute("CHECKPOINT")
+            finally:
+                for sql in series.DROP_SLICE:
+                    con.execute(sql)
 
     def _delete_before(self, table: str, column: str, before_ns: int) -> int:
         got = self.con.execute(f"DELETE FROM {table} WHERE {column} < {int(before_ns)}").fetchone()

@@ -15,7 +15,7 @@ import duckdb
 import pytest
 from killing import kill_during
 
-from collector import compaction
+from collector import compaction, series
 from collector.records import TABLES, batch
 from collector.store import PACK_GRACE_NS, SCHEMA_VERSION, STORAGE_VERSION, Retention, Store
 
@@ -313,16 +313,10 @@ def test_a_kill_during_packing_loses_no_point(tmp_path: Path, delay_s: float) ->
     assert got == expected and dupes == (0,)
 
 
-def test_an_hour_is_packed_under_a_collectors_memory_cap(tmp_path: Path) -> None:
-    """The collector-only sidecar caps DuckDB at 32MB; an hour of one node's histogram buckets
-    (~2.9 M points) is larger. Here 720,000 points under a 22MB cap: the sort spills, nothing is
-    held aside in memory, and every point is kept. (16MB held this sort until the points kept
-    their increase, 8 more bytes a point in the sort: it then failed at 16MB and passed at 18MB;
-    with the series' places (collector.series rule 5: one more join) it fails at 20MB and passes
-    at 21MB; 2.88 M points pack under 28MB, as they did before places.)"""
-    store = Store(tmp_path / "s.duckdb", threads=1, memory_limit="22MB")
-    n = 200
-    for part in range(10):  # 360 scrapes a write
+def _write_buckets(store: Store, n: int) -> tuple[object, ...]:
+    """An hour of ``n`` histogram bucket series at 1 Hz from BASE, 360 scrapes a write; returns
+    the count and sum every packing must keep."""
+    for part in range(10):
         ks = range(part * 360, (part + 1) * 360)
         rows = {
             "ts_ns": [BASE + k * NS for k in ks for _ in range(n)],
@@ -334,14 +328,65 @@ def test_an_hour_is_packed_under_a_collectors_memory_cap(tmp_path: Path) -> None
             "cumulative_count": [float(k * (s % 20)) for k in ks for s in range(n)],
         }
         store.write("histogram_buckets", batch("histogram_buckets", rows))
-    expected = store.con.execute("SELECT count(*), sum(cumulative_count) FROM histogram_buckets").fetchone()
-    assert store.pack(BASE + 2 * HOUR)["packed_histogram_buckets"] == 3600 * n
+    got = store.con.execute("SELECT count(*), sum(cumulative_count) FROM histogram_buckets").fetchone()
+    assert got is not None and got[0] == 3600 * n
+    return got
+
+
+def _packed_rows(store: Store, table: str) -> tuple[object, ...]:
+    """The packed rows of ``table`` and their times, by their place in the table (``rowid``)."""
+    got = store.con.execute(
+        f"SELECT count(*), sum(hash(rowid, series_id, tix, cumulative_count, increase)), "
+        f"(SELECT sum(hash(rowid, tix, ts_ns)) FROM {table}_times) FROM {table}_packed"
+    ).fetchone()
+    assert got is not None
+    return got
+
+
+def test_an_hour_is_packed_under_a_collectors_memory_cap(tmp_path: Path) -> None:
+    """The collector-only sidecar caps DuckDB at 32MB; an hour of one node's histogram buckets
+    (~2.9 M points) is larger. Here 720,000 points (under collector.series.chunked_points: one
+    chunk, one transaction) under a 22MB cap: the sort spills, nothing is held aside in memory,
+    and every point is kept. (16MB held this sort until the points kept their increase, 8 more
+    bytes a point in the sort: it then failed at 16MB and passed at 18MB; with the series' places
+    (collector.series rule 5: one more join) it fails at 20MB and passes at 21MB.)"""
+    store = Store(tmp_path / "s.duckdb", threads=1, memory_limit="22MB")
+    expected = _write_buckets(store, 200)
+    assert store.pack(BASE + 2 * HOUR)["packed_histogram_buckets"] == 3600 * 200
     assert (
         store.con.execute("SELECT count(*), sum(cumulative_count) FROM histogram_buckets").fetchone()
         == expected
     )
     assert _count(store, "histogram_buckets_recent") == 0
     store.close()
+
+
+def test_a_larger_hour_is_packed_a_chunk_a_transaction_under_the_cap(tmp_path: Path) -> None:
+    """Store.pack rule 2: 1.08 M points (300 series; over chunked_points, so 15-minute chunks)
+    do not fit one transaction under a 22MB cap (the premise, checked on a copy), and pack a
+    chunk a transaction: every point kept, the rows and their order (rowid) and the times the
+    same as one transaction writes with room (collector.series.pack_statements). An hour of
+    5.76 M points failed at once under the collector's 32MB, in the checkpoint of its commit,
+    which invalidates the database; a chunk at a time it packed in 6 s."""
+    capped = Store(tmp_path / "capped.duckdb", threads=1, memory_limit="22MB")
+    expected = _write_buckets(capped, 300)
+    capped.checkpoint()
+    premise = Store(tmp_path / "premise.duckdb", threads=1, memory_limit="22MB")
+    _write_buckets(premise, 300)
+    spec = TABLES["histogram_buckets"]
+    with pytest.raises(duckdb.OutOfMemoryException):
+        premise._transaction(series.pack_statements(spec, BASE, BASE + HOUR))
+    premise.close()
+
+    assert capped.pack(BASE + 2 * HOUR)["packed_histogram_buckets"] == 3600 * 300
+    got = capped.con.execute("SELECT count(*), sum(cumulative_count) FROM histogram_buckets").fetchone()
+    assert got == expected and _count(capped, "histogram_buckets_recent") == 0
+    roomy = Store(tmp_path / "roomy.duckdb", threads=1)
+    _write_buckets(roomy, 300)
+    roomy._transaction(series.pack_statements(spec, BASE, BASE + HOUR))
+    assert _packed_rows(capped, "histogram_buckets") == _packed_rows(roomy, "histogram_buckets")
+    capped.close()
+    roomy.close()
 
 
 def _runs(rows: Any) -> Any:
