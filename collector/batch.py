@@ -32,7 +32,11 @@ Rules:
 6. ``parts``: the heights of the batches :meth:`concat` joined, in order (a flush's scrapes),
    or None for a batch not joined. The store looks a part's series up once when it repeats an
    earlier part's series (the same scrape target again). It survives :meth:`with_column`;
-   :meth:`take` drops it.
+   :meth:`take` drops it. ``same`` goes with it: for each part, the first part whose columns
+   other than ``ts_ns`` and the table's value columns are the very same lists (a replay plan's
+   identity columns, shared by every scrape it replays: Batch rule 3), found by identity while
+   every part is alive in :meth:`concat`, so no two lists can share an ``id``; None where a part
+   was itself joined. The store then takes that part's series ids without comparing a value.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ _TYPECODE = {"BIGINT": "q", "INTEGER": "i", "DOUBLE": "d"}
 class Batch:
     """One table's rows as column lists (rules 1-3)."""
 
-    __slots__ = ("data", "height", "parts", "runs", "table", "unique")
+    __slots__ = ("data", "height", "parts", "runs", "same", "table", "unique")
 
     def __init__(
         self,
@@ -64,6 +68,7 @@ class Batch:
         unique: bool = False,
         runs: list[int] | None = None,
         parts: list[int] | None = None,
+        same: list[int] | None = None,
     ):
         self.table = table
         self.data = data
@@ -71,6 +76,7 @@ class Batch:
         self.unique = unique  # rule 4
         self.runs = runs  # rule 5
         self.parts = parts  # rule 6
+        self.same = same  # rule 6
 
     @property
     def columns(self) -> list[str]:
@@ -97,7 +103,9 @@ class Batch:
             from collector.records import spec_of
 
             runs = runs if name in spec_of(self.table).values else None
-        return Batch(self.table, data, self.height, unique=self.unique, runs=runs, parts=self.parts)
+        return Batch(
+            self.table, data, self.height, unique=self.unique, runs=runs, parts=self.parts, same=self.same
+        )
 
     def take(self, order: Sequence[int]) -> Batch:
         """The rows at positions ``order``, in that order."""
@@ -130,7 +138,8 @@ class Batch:
             runs = list(chain.from_iterable(p.runs or () for p in items))
         heights = [h for p in items for h in (p.parts or [p.height])]
         height = sum(p.height for p in items)
-        return Batch(first.table, data, height, unique=_disjoint(items), runs=runs, parts=heights)
+        same = _same_series(first.table, items) if len(heights) == len(items) else None
+        return Batch(first.table, data, height, unique=_disjoint(items), runs=runs, parts=heights, same=same)
 
     # -- export -------------------------------------------------------------------------------
     def __arrow_c_stream__(self, requested_schema: object | None = None) -> object:
@@ -153,6 +162,17 @@ class Batch:
 
         schema = TABLES[self.table].polars_schema()
         return pl.DataFrame([pl.Series(c, v, dtype=schema[c], strict=False) for c, v in self.data.items()])
+
+
+def _same_series(table: str, parts: list[Batch]) -> list[int]:
+    """Rule 6's ``same`` of ``parts`` (every one alive in the caller's list)."""
+    from collector.records import TABLES
+
+    spec = TABLES.get(table)
+    skip = {"ts_ns", *(spec.values if spec is not None else ())}
+    first: dict[tuple[int, ...], int] = {}
+    keys = [tuple(id(v) for c, v in p.data.items() if c not in skip) for p in parts]
+    return [first.setdefault(key, i) for i, key in enumerate(keys)]
 
 
 def _disjoint(parts: list[Batch]) -> bool:

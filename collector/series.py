@@ -373,19 +373,20 @@ class SeriesIndex:
         cols: Mapping[str, Sequence[Any]],
         runs: Sequence[int] | None = None,
         parts: Sequence[int] | None = None,
+        same: Sequence[int] | None = None,
     ) -> list[int]:
         """The ``series_id`` of each row of ``cols`` (the wide table's columns); series seen for
         the first time are inserted into ``T_series`` first (a NULL key column raises there).
         ``runs``: the rows come in runs of one series each (Batch rule 5), looked up once a run.
         ``parts``: the heights of the scrapes joined in the batch (Batch rule 6); a part whose
         series columns equal an earlier part's (the same target scraped again) takes its ids
-        without a lookup."""
+        without a lookup; ``same`` (Batch rule 6), where given, says which parts those are."""
         if runs is not None:
             starts = [0, *accumulate(runs)][:-1]
             firsts = {c: [cols[c][i] for i in starts] for c in self.spec.series_columns}
             return list(chain.from_iterable(map(repeat, self.ids(cur, firsts), runs)))
         if parts is not None and len(parts) > 1:
-            return self._by_part(cur, cols, parts)
+            return self._by_part(cur, cols, parts, same)
         known = self._load(cur)
         self.first_new = self._next
         names = self.spec.series_columns
@@ -407,15 +408,22 @@ class SeriesIndex:
         return [known[key] for key in keys]
 
     def _by_part(
-        self, cur: duckdb.DuckDBPyConnection, cols: Mapping[str, Sequence[Any]], parts: Sequence[int]
+        self,
+        cur: duckdb.DuckDBPyConnection,
+        cols: Mapping[str, Sequence[Any]],
+        parts: Sequence[int],
+        same: Sequence[int] | None = None,
     ) -> list[int]:
         names = self.spec.series_columns
         out: list[int] = []
         seen: dict[int, int] = {}  # a part's height -> where the last part of that height starts
+        starts = [0, *accumulate(parts)]
         first_new, a = None, 0
-        for height in parts:
+        for i, height in enumerate(parts):
             b, before = a + height, seen.get(height)
-            if before is not None and all(
+            if same is not None and same[i] != i:  # the very lists of an earlier part
+                out += out[starts[same[i]] : starts[same[i]] + height]
+            elif before is not None and all(
                 cols[c][a:b] == cols[c][before : before + height] for c in names
             ):  # list equality: element by element, identical objects at once
                 out += out[before : before + height]

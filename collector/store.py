@@ -490,7 +490,8 @@ class Store(RowCounts):
         increases repaired in one transaction; a batch of fresh slices has no late point)."""
         cols, height = _columns(batch, spec.column_names)
         index = self._series[spec.name]
-        ids = index.ids(cur, cols, *((batch.runs, batch.parts) if isinstance(batch, Batch) else ()))
+        hints = (batch.runs, batch.parts, batch.same) if isinstance(batch, Batch) else ()
+        ids = index.ids(cur, cols, *hints)
         target = index.points
         data = {"ts_ns": cols["ts_ns"], "series_id": ids, **{c: cols[c] for c in spec.values}}
         unique = isinstance(batch, Batch) and batch.unique

@@ -290,3 +290,40 @@ def test_a_flush_of_scrapes_keeps_every_rows_series(tmp_path: Path) -> None:
     ]
     assert got == sorted(want)
     assert series == (3 + 1 + 3,)
+
+
+def test_parts_sharing_a_replay_plans_lists_take_the_first_parts_ids(tmp_path: Path) -> None:
+    """Batch rule 6's ``same``: parts whose identity columns are the very same lists (a replay
+    plan's, shared by every scrape it replays) point at the first such part; a part with equal
+    but other lists, or with one list of its own, does not. Every row reads back with its own
+    description either way."""
+    from collector.batch import Batch
+
+    uuids, power, clock = ["GPU-a", "GPU-b", "GPU-c"], ["power_w"] * 3, ["sm_clock_mhz"] * 3
+    first = {"ts_ns": [0] * 3, "host": ["n"] * 3, "uuid": uuids, "metric": power, "value": [0.0] * 3}
+    plan = batch("gpu_samples", first)
+
+    def scrape(k: int, metric: list[str], uuid: list[str] = uuids) -> Batch:
+        ts, values = [10**18 + k * 10**9] * 3, [float(k * 10 + i) for i in range(3)]
+        new = {"ts_ns": ts, "uuid": uuid, "metric": metric, "value": values}
+        data = {c: new.get(c, v) for c, v in plan.data.items()}  # the other lists: the plan's own
+        return Batch("gpu_samples", data, 3, unique=True)
+
+    parts = [
+        scrape(0, power),
+        scrape(1, clock),  # another plan's metric list
+        scrape(2, power),  # the first part's lists again
+        scrape(3, list(power), list(uuids)),  # equal values, other lists: compared, not assumed
+        scrape(4, clock),
+        scrape(5, power, ["GPU-a", "GPU-x", "GPU-c"]),  # one list of its own
+    ]
+    joined = Batch.concat(parts)
+    assert joined.same == [0, 1, 0, 3, 1, 5]
+    assert Batch.concat([joined, parts[0]]).same is None  # a joined part: compared instead
+    with Store(tmp_path / "s.duckdb") as st:
+        assert st.write("gpu_samples", joined) == joined.height
+        read = "SELECT ts_ns, uuid, metric, value FROM gpu_samples ORDER BY ALL"
+        got = st.con.execute(read).fetchall()
+        series = st.con.execute("SELECT count(*) FROM gpu_samples_series").fetchone()
+    want = sorted(zip(*(joined[c] for c in ("ts_ns", "uuid", "metric", "value")), strict=True))
+    assert got == want and series == (3 + 3 + 1,)
