@@ -63,6 +63,13 @@ COLLECTOR_MAINTENANCE_INTERVAL_S = 300.0
 FLUSH_INTERVAL_S = 10.0
 COLLECTOR_FLUSH_INTERVAL_S = 30.0
 
+# Seconds between a collector-only agent's writes of a source's unchanged health to `targets`
+# (collector.sidecar rule 5): nothing reads its store while it runs, and a stop writes the latest.
+# Written after every attempt, one node's three targets cost a statement a flush (INSERT OR REPLACE
+# through the key's index: 7-9 ms of CPU) and a health row a scrape: ~0.5 ms of CPU a second, 5 %
+# of the bench's collector (py-spy, bench/results/sidecar.md round 11).
+COLLECTOR_HEALTH_EVERY_S = 300.0
+
 # glibc's malloc_trim, called by a collector-only agent after each flush and maintenance pass: the
 # freed pages of Python's larger objects (a flush's joined columns, a pass's results) go back to the
 # system instead of staying resident until reused. Side by side over 320 s with one pass (load ~1):
@@ -161,6 +168,7 @@ class Agent:
             self.queue,
             self.metrics,
             readers=build_readers(settings) if readers is None else readers,
+            health_every_s=0.0 if settings.api_enabled else COLLECTOR_HEALTH_EVERY_S,
         )
         # receivers acknowledge only what is committed (their clients retry what was not)
         self.direct = DirectSink(self.store, on_stored=self.metrics.stored)

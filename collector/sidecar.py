@@ -14,8 +14,13 @@ Rules:
 6. A target whose scrape is mostly garbage (its refused lines outnumber the samples kept) is
    down: ``up`` 0, with the share refused and the first problem as its error. Its good
    samples are still stored.
-5. Health of every source is written to ``targets`` after each attempt and exported as
-   ``ioe_target_up`` and friends on the sidecar's own ``/metrics``.
+5. Health of every source is exported as ``ioe_target_up`` and friends on the sidecar's own
+   ``/metrics`` after each attempt, and written to ``targets`` after each attempt whose health
+   differs from the last row written (up, error, samples kept, lines refused, failures in a row)
+   and otherwise at most every ``health_every_s`` (0: after every attempt; a collector-only
+   agent, whose store nothing reads while it runs, :data:`collector.agent.COLLECTOR_HEALTH_EVERY_S`).
+   A stop writes each source's latest health not yet written, so the stored row after a clean
+   stop is the last attempt's.
 7. A ``prometheus_sources`` entry with ``follow: true`` is polled like a target (its own task,
    backoff and health row); a failed poll leaves its range to be asked for again
    (:class:`collector.sources.prometheus_api.Follower`).
@@ -70,6 +75,9 @@ class SourceState:
     url: str = ""
     host: str = ""
     health: Health = field(default_factory=Health)
+    written: tuple[Any, ...] | None = None  # rule 5: the health last written to `targets`
+    written_ns: int = 0  # and when
+    unwritten: bool = False  # an attempt's health not written yet
 
 
 class Sidecar:
@@ -84,8 +92,10 @@ class Sidecar:
         readers: list[Reader] | None = None,
         clock: Callable[[], int] = time.time_ns,
         rng: random.Random | None = None,
+        health_every_s: float = 0.0,
     ):
         self.settings = settings
+        self.health_every_ns = int(health_every_s * 1e9)  # rule 5
         self.sink = sink
         self.metrics = metrics
         self.readers = readers or []
@@ -119,6 +129,10 @@ class Sidecar:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        for state in self.states.values():  # rule 5: the latest health of each source
+            if state.unwritten:
+                self.sink.offer("targets", _health_frame(state, self.clock()))
+                state.unwritten = False
 
     def stop(self) -> None:
         self._stop.set()
@@ -281,7 +295,18 @@ class Sidecar:
         h.last_error = error
         if export:
             self._export(state)
-        self.sink.offer("targets", _health_frame(state, self.clock()))
+        self._write_health(state, ts_ns)
+
+    def _write_health(self, state: SourceState, ts_ns: int) -> None:
+        """Rule 5: the health row of ``state`` to ``targets`` when it changed or is due, else kept
+        as the one a stop writes."""
+        h = state.health
+        now = (h.up, h.last_error, h.samples_last, h.dropped_last, h.consecutive_failures)
+        due = not self.health_every_ns or ts_ns - state.written_ns >= self.health_every_ns
+        state.unwritten = not due and now == state.written
+        if not state.unwritten:
+            self.sink.offer("targets", _health_frame(state, self.clock()))
+            state.written, state.written_ns = now, ts_ns
 
     def _export(self, state: SourceState) -> None:
         m = self.metrics
