@@ -44,7 +44,7 @@ from __future__ import annotations
 import array
 from collections.abc import Iterable, Sequence
 from itertools import accumulate, chain, pairwise, repeat
-from operator import is_not
+from operator import is_not, itemgetter
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -170,9 +170,12 @@ def _same_series(table: str, parts: list[Batch]) -> list[int]:
 
     spec = TABLES.get(table)
     skip = {"ts_ns", *(spec.values if spec is not None else ())}
+    names = [c for c in parts[0].data if c not in skip]  # every part has these columns (concat)
+    if not names:
+        return list(range(len(parts)))
+    pick = itemgetter(*names) if len(names) > 1 else (lambda data: (data[names[0]],))
     first: dict[tuple[int, ...], int] = {}
-    keys = [tuple(id(v) for c, v in p.data.items() if c not in skip) for p in parts]
-    return [first.setdefault(key, i) for i, key in enumerate(keys)]
+    return [first.setdefault(tuple(map(id, pick(p.data))), i) for i, p in enumerate(parts)]
 
 
 def _disjoint(parts: list[Batch]) -> bool:
