@@ -195,22 +195,7 @@ class LastPoints:
             if not all(map(operator.lt, prev_t, t)):
                 return None
             steps = _steps(v, prev_v)
-            out += (
-                steps
-                if steps is not None
-                else [
-                    None
-                    if p is _FIRST
-                    else 0.0
-                    if p is None
-                    else None
-                    if c is None
-                    else c - p
-                    if c >= p
-                    else c
-                    for c, p in zip(v, prev_v, strict=True)
-                ]
-            )
+            out += steps if steps is not None else _by_rule(v, prev_v)
             before, before_t, before_v = sids, t, v
             a = b
         newest.update(zip(before, zip(before_t, before_v, strict=True), strict=True))
@@ -315,12 +300,21 @@ def _previous(
     return last[sid] or _NO_POINT
 
 
+def _by_rule(values: Sequence[Any], previous: Sequence[Any]) -> list[Any]:
+    """Rules 1-2 row by row: no increase for a series' first point (``_FIRST``), 0 after a NULL
+    value, none for a NULL value, else the step, or the new value after a reset."""
+    return [
+        None if p is _FIRST else 0.0 if p is None else None if c is None else c - p if c >= p else c
+        for c, p in zip(values, previous, strict=True)
+    ]
+
+
 def _steps(values: Sequence[Any], previous: Sequence[Any]) -> list[Any] | None:
     """Rule 1's increase of each numeric row, ``values - previous`` where that is not negative
     (one subtraction per row in C) and the general rule only on the rows where it is (a reset,
-    a gauge that fell, a NaN): the same numbers as the comprehension in
-    :meth:`LastPoints._in_scrapes`, about half its CPU on a flush of the bench's node. None
-    where a row holds a NULL or the first-point marker (the caller's comprehension then)."""
+    a gauge that fell, a NaN): the same numbers as :func:`_by_rule`, about half its CPU on a flush
+    of the bench's node. None where a row holds a NULL or the first-point marker (:func:`_by_rule`
+    then)."""
     try:
         steps = list(map(operator.sub, values, previous))
     except TypeError:

@@ -48,8 +48,8 @@ Rules:
    :func:`chunk_statements` per chunk; :func:`pack_statements` is all of it in one): the rows
    read through ``T_points`` after each commit are the same as before it. A slice's rows are
    sorted by time chunk, then by series: each series' points of a chunk are one run, the runs
-   in the series' places. A series' place in a slice comes from its
-   values there (the table's first value column): constant series first, then by the decimals
+   in the series' places. A series' place in a slice comes from its values there (the table's
+   first value column): constant series first, then by the decimals
    the values need (most first: 6-decimal ratios, then 3-decimal energies, ..., whole numbers),
    then by magnitude (smallest first), then by id. DuckDB compresses a value column with ALP
    1,024 values at a time, choosing each vector's decimal scale among the few its row group's
