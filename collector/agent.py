@@ -64,7 +64,8 @@ FLUSH_INTERVAL_S = 10.0
 COLLECTOR_FLUSH_INTERVAL_S = 30.0
 
 # Seconds between a collector-only agent's writes of a source's unchanged health to `targets`
-# (collector.sidecar rule 5): nothing reads its store while it runs, and a stop writes the latest.
+# (collector.sidecar rule 5): nothing reads its DuckDB file while it runs (the file is locked), and
+# a stop writes the latest. On DuckLake, which `ioe serve` reads while sidecars write, every attempt.
 # Written after every attempt, one node's three targets cost a statement a flush (INSERT OR REPLACE
 # through the key's index: 7-9 ms of CPU) and a health row a scrape: ~0.5 ms of CPU a second, 5 %
 # of the bench's collector (py-spy, bench/results/sidecar.md round 11).
@@ -124,6 +125,14 @@ def flush_interval_s(settings: Settings) -> float:
     return FLUSH_INTERVAL_S if settings.api_enabled else COLLECTOR_FLUSH_INTERVAL_S
 
 
+def health_every_s(settings: Settings) -> float:
+    """collector.sidecar rule 5's ``health_every_s``: :data:`COLLECTOR_HEALTH_EVERY_S` for a
+    collector-only agent on its own DuckDB file, else 0 (every attempt: the API, or a DuckLake
+    store that other processes read while it runs)."""
+    alone = not settings.api_enabled and settings.store_backend != "ducklake"
+    return COLLECTOR_HEALTH_EVERY_S if alone else 0.0
+
+
 def build_readers(settings: Settings) -> list[Reader]:
     """The device readers enabled in settings; each reports for itself whether it can run here."""
     readers: list[Reader] = []
@@ -168,7 +177,7 @@ class Agent:
             self.queue,
             self.metrics,
             readers=build_readers(settings) if readers is None else readers,
-            health_every_s=0.0 if settings.api_enabled else COLLECTOR_HEALTH_EVERY_S,
+            health_every_s=health_every_s(settings),
         )
         # receivers acknowledge only what is committed (their clients retry what was not)
         self.direct = DirectSink(self.store, on_stored=self.metrics.stored)

@@ -18,7 +18,8 @@ Rules:
    ``/metrics`` after each attempt, and written to ``targets`` after each attempt whose health
    differs from the last row written (up, error, samples kept, lines refused, failures in a row)
    and otherwise at most every ``health_every_s`` (0: after every attempt; a collector-only
-   agent, whose store nothing reads while it runs, :data:`collector.agent.COLLECTOR_HEALTH_EVERY_S`).
+   agent on its own DuckDB file, which nothing reads while it runs,
+   :data:`collector.agent.COLLECTOR_HEALTH_EVERY_S`).
    A stop writes each source's latest health not yet written, so the stored row after a clean
    stop is the last attempt's.
 7. A ``prometheus_sources`` entry with ``follow: true`` is polled like a target (its own task,

@@ -12,7 +12,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from collector.agent import COLLECTOR_HEALTH_EVERY_S, Agent
+from collector.agent import COLLECTOR_HEALTH_EVERY_S, Agent, health_every_s
 from collector.selfmetrics import SelfMetrics
 from collector.sidecar import Sidecar, SourceState
 from collector.sources.http_client import HttpClient
@@ -111,6 +111,20 @@ def test_a_stop_writes_the_latest_health_not_yet_written(tmp_path: Path) -> None
     with store.cursor() as cur:
         got = cur.execute("SELECT target, up, last_scrape_ns, samples_last FROM targets").fetchall()
     assert got == [("gpu", True, health.last_scrape_ns, 1)]
+
+
+def test_only_a_collector_on_its_own_file_waits_for_unchanged_health() -> None:
+    """DuckLake is read by `ioe serve` while sidecars write it: health after every attempt there."""
+    cases = {
+        (False, "duckdb"): COLLECTOR_HEALTH_EVERY_S,
+        (True, "duckdb"): 0.0,
+        (False, "ducklake"): 0.0,
+        (True, "ducklake"): 0.0,
+    }
+    for (api, backend), every in cases.items():
+        settings = load_settings(None, args={"host": "n0", "api_enabled": api})
+        settings = settings.model_copy(update={"store_backend": backend})
+        assert health_every_s(settings) == every, (api, backend)
 
 
 def test_a_collector_only_agent_writes_unchanged_health_every_five_minutes(tmp_path: Path) -> None:
