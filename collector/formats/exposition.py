@@ -316,14 +316,7 @@ class Skeleton:
 
     def values(self, text: str) -> list[str] | None:
         """The value texts of ``text`` if it has this skeleton (rule 12), else None."""
-        lines = text.split("\n")
-        if len(lines) != self.lines or self._others_at(lines) != self.others:
-            return None
-        parts = list(map(str.rpartition, self._samples_at(lines), repeat(" ")))
-        if tuple(map(itemgetter(0), parts)) != self.prefixes:
-            return None
-        values = list(map(itemgetter(2), parts))
-        return values if _VALUE_TEXTS.fullmatch("\n".join(values)) else None
+        return self._matched(text.split("\n"), self.others, self.prefixes, " ", _VALUE_TEXTS)
 
     def byte_values(self, body: bytes) -> list[bytes] | None:
         """:meth:`values` of the UTF-8 ``body`` without decoding it: the value texts as bytes
@@ -350,14 +343,23 @@ class Skeleton:
                 encoded = ((b"\n",), ())  # no body's lines equal a line holding a newline
             self._encoded = encoded
         others, prefixes = encoded
-        lines = body.split(b"\n")
+        return self._matched(body.split(b"\n"), others, prefixes, b" ", _VALUE_BYTES)
+
+    def _matched(
+        self, lines: list[Any], others: tuple[Any, ...], prefixes: tuple[Any, ...], space: Any, tokens: Any
+    ) -> list[Any] | None:
+        """Rule 12 over a body's ``lines``, all ``str`` or all ``bytes`` (``space`` and the pattern
+        ``tokens`` of the same type): the same count of lines, the comment and empty lines equal to
+        ``others``, each sample line ``prefix + space + value`` with its ``prefixes`` entry, and
+        the values one token each; the values, else None."""
         if len(lines) != self.lines or self._others_at(lines) != others:
             return None
-        parts = list(map(bytes.rpartition, self._samples_at(lines), repeat(b" ")))
+        parts = list(map(type(space).rpartition, self._samples_at(lines), repeat(space)))
         if tuple(map(itemgetter(0), parts)) != prefixes:
             return None
         values = list(map(itemgetter(2), parts))
-        return values if _VALUE_BYTES.fullmatch(b"\n".join(values)) else None
+        newline = "\n" if isinstance(space, str) else b"\n"
+        return values if tokens.fullmatch(newline.join(values)) else None
 
 
 def _scan_clean(text: str, st: _State) -> bool:
