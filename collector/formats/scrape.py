@@ -179,24 +179,21 @@ def replay_scrape(
     """Rule 6 alone: the rows of ``body`` if it replays (the same rows :func:`parse_scrape`
     would give), else None. Cheap enough for an event loop: it gives up at once without a
     remembered scrape, and on bodies over :data:`REPLAY_MAX_BYTES`."""
-    replay = cache.replay
-    if replay is None or len(body) > REPLAY_MAX_BYTES or replay.key != (kind, host, source):
+    if len(body) > REPLAY_MAX_BYTES:
         return None
-    texts = replay.skeleton.byte_values(body)  # the bytes as they came: no decoding (exposition rule 12)
-    got = None if texts is None else _replayed(replay, texts, ts_ns)
-    if got is not None:
-        cache.replayed()
-    return got
+    return _replay_of(body, kind, host, source, cache, ts_ns)
 
 
 def _replay_of(
-    text: str, kind: Kind, host: str, source: str, cache: ScrapeCache, ts_ns: int
+    body: str | bytes, kind: Kind, host: str, source: str, cache: ScrapeCache, ts_ns: int
 ) -> Parsed | None:
-    """The replayed rows of ``text``, or None: the one rule-6 check."""
+    """The replayed rows of ``body``, or None: the one rule-6 check. Bytes are matched as they
+    came, without decoding (exposition rule 12)."""
     replay = cache.replay
     if replay is None or replay.key != (kind, host, source):
         return None
-    texts = replay.skeleton.values(text)
+    skeleton = replay.skeleton
+    texts = skeleton.byte_values(body) if isinstance(body, bytes) else skeleton.values(body)
     got = None if texts is None else _replayed(replay, texts, ts_ns)
     if got is not None:
         cache.replayed()
