@@ -311,7 +311,7 @@ def _by_rule(values: Sequence[Any], previous: Sequence[Any]) -> list[Any]:
 
 def _steps(values: Sequence[Any], previous: Sequence[Any]) -> list[Any] | None:
     """Rule 1's increase of each numeric row, ``values - previous`` where that is not negative
-    (one subtraction per row in C) and the general rule only on the rows where it is (a reset,
+    (one subtraction per row in C) and :func:`step` only on the rows where it is (a reset,
     a gauge that fell, a NaN): the same numbers as :func:`_by_rule`, about half its CPU on a flush
     of the bench's node. None where a row holds a NULL or the first-point marker (:func:`_by_rule`
     then)."""
@@ -321,7 +321,7 @@ def _steps(values: Sequence[Any], previous: Sequence[Any]) -> list[Any] | None:
         return None
     if all(map(_NOT_NEGATIVE, steps)):
         return steps
-    return [d if d >= 0 else c - p if c >= p else c for d, c, p in zip(steps, values, previous, strict=True)]
+    return [d if d >= 0 else step(c, p) for d, c, p in zip(steps, values, previous, strict=True)]
 
 
 _NOT_NEGATIVE = (0.0).__le__  # 0.0 <= step: not negative, not NaN
