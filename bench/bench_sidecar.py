@@ -21,16 +21,23 @@ Workload (served from 127.0.0.1 by a thread of this process, never by the measur
 
 Method: the sidecar runs as ``ioe sidecar --config FILE`` (NVML, DCGM and InfiniBand readers
 enabled: they report "unavailable" on a machine without them), once per ``--modes`` entry:
-``collector`` (``api_enabled: false``) and ``agent`` (the default: REST API with its 15 s
-analysis refresher, OTLP/HTTP receiver idle). After
-``--warmup`` seconds, its utime+stime (``/proc/<pid>/stat``) is sampled over ``--duration``
-seconds: CPU % of one core = CPU seconds / wall seconds × 100. Peak RSS is ``VmHWM`` from
-``/proc/<pid>/status`` (the whole life, start-up included). Rows stored/s come from the
-sidecar's own ``ioe_rows_stored_total``; Prometheus's samples/s from its
-``prometheus_tsdb_head_samples_appended_total``. Each process runs alone (one after the
-other) so they do not share the 2-core machine with each other; with ``--together`` they all run
-at once over the same window, so other load on a shared machine falls on each alike. ``--runs N``
-repeats the whole and prints each process's median and range, and of each ratio within a run.
+``collector`` (``api_enabled: false``) and ``agent`` (the default: REST API with its 15 s analysis
+refresher, OTLP/HTTP receiver idle). After ``--warmup`` seconds, its utime+stime
+(``/proc/<pid>/stat``) is sampled over ``--duration`` seconds: CPU % of one core = CPU seconds /
+wall seconds × 100. Peak RSS is ``VmHWM`` from ``/proc/<pid>/status`` (the whole life, start-up
+included); the largest anonymous and file-backed resident sizes (``RssAnon``, ``RssFile``) are
+sampled each second beside it. Before each run the binaries both sides map (this interpreter's and
+venv's shared objects, the Prometheus binary) are dropped from the page cache (``--page-cache
+evicted``, the default), so each process reads its code from disk as after a reboot. Left as they
+are, the same sidecar had DuckDB's 60 MB library 51.6 MB resident instead of 31.6 MB on this
+machine (Linux 6.18) while the file was still cached as pip had written it (any plain write did
+the same; a copy read back from disk did not: we take it for the page cache's large folios being
+mapped whole) — ``--page-cache as-is`` measures that state. Rows stored/s come from the sidecar's
+own ``ioe_rows_stored_total``; Prometheus's samples/s from its
+``prometheus_tsdb_head_samples_appended_total``. Each process runs alone (one after the other) so
+they do not share the 2-core machine with each other; with ``--together`` they all run at once
+over the same window, so other load on a shared machine falls on each alike. ``--runs N`` repeats
+the whole and prints each process's median and range, and of each ratio within a run.
 Issue 24's goal: the collector at most Prometheus's CPU and at most 100 MB peak.
 
 Run: ``.venv/bin/python -m bench.bench_sidecar [--duration 300] [--warmup 15] [--peers prometheus,plain]
@@ -261,6 +268,37 @@ def status_kb(pid: int, key: str) -> int:
     return 0
 
 
+def binaries() -> list[Path]:
+    """The files whose pages the measured processes map: every shared object of this venv and
+    interpreter (DuckDB's is 60 MB) and the Prometheus binary."""
+    roots = {Path(sys.prefix), Path(sys.base_prefix)}
+    found = {so for root in roots for so in root.glob("lib/**/*.so*") if so.is_file()}
+    prom = shutil.which("prometheus")
+    if prom:
+        found.add(Path(prom))
+    return sorted(found)
+
+
+def evict(paths: list[Path]) -> int:
+    """``--page-cache evicted``: drop ``paths`` from the page cache (``POSIX_FADV_DONTNEED``; a page
+    some running process maps stays), so each run's processes read their code from disk as after
+    a reboot. Left as pip had written it, DuckDB's library was 51.6 MB resident in the sidecar
+    instead of 31.6 MB (Linux 6.18; bench/results/sidecar.md, round 12): peaks from different
+    sessions differed by ~19 MB with the same code. Returns the bytes advised."""
+    done = 0
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            done += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    return done
+
+
 @dataclass
 class Measured:
     name: str
@@ -270,12 +308,17 @@ class Measured:
     rows_per_s: float
     wall_s: float
     slices: list[float]
+    # the largest anonymous and file-backed resident sizes seen (sampled each second; the peak
+    # above is the kernel's exact VmHWM, of both together)
+    anon_mb: float = 0.0
+    file_mb: float = 0.0
 
     def line(self) -> str:
         spread = f"{min(self.slices):.2f}–{max(self.slices):.2f}" if self.slices else "-"
         return (
             f"{self.name:<11} CPU {self.cpu_pct:6.2f} % of one core (10 s slices {spread} %)  "
-            f"peak RSS {self.peak_rss_mb:6.1f} MB (end {self.rss_end_mb:.1f})  "
+            f"peak RSS {self.peak_rss_mb:6.1f} MB (end {self.rss_end_mb:.1f}; sampled max anon "
+            f"{self.anon_mb:.1f}, file {self.file_mb:.1f})  "
             f"{self.rows_per_s:8.0f} rows/s over {self.wall_s:.0f} s"
         )
 
@@ -290,8 +333,13 @@ def measure(
     t0, c0, r0 = time.monotonic(), cpu_seconds(proc.pid), rows()
     slices: list[float] = []
     last_t, last_c = t0, c0
+    anon = file = 0
     while time.monotonic() - t0 < duration_s:
-        time.sleep(min(10.0, duration_s - (time.monotonic() - t0)) or 0.01)
+        slice_end = min(last_t + 10.0, t0 + duration_s)
+        while (left := slice_end - time.monotonic()) > 0:
+            time.sleep(min(1.0, left))
+            anon = max(anon, status_kb(proc.pid, "RssAnon"))
+            file = max(file, status_kb(proc.pid, "RssFile"))
         now, cpu = time.monotonic(), cpu_seconds(proc.pid)
         slices.append((cpu - last_c) / (now - last_t) * 100)
         last_t, last_c = now, cpu
@@ -304,6 +352,8 @@ def measure(
         got / wall,
         wall,
         slices,
+        anon / 1024,
+        file / 1024,
     )
 
 
@@ -535,6 +585,13 @@ def main() -> None:
     ap.add_argument("--modes", default="collector,agent", help="sidecar modes: collector, agent")
     ap.add_argument("--runs", type=int, default=1, help="runs; medians over them are printed at the end")
     ap.add_argument("--together", action="store_true", help="run every process at once, same window")
+    ap.add_argument(
+        "--page-cache",
+        choices=("evicted", "as-is"),
+        default="evicted",
+        help="evicted (default): the processes' binaries dropped from the page cache before each run; "
+        "as-is: left as they are (just installed: resident as large folios)",
+    )
     ap.add_argument("--plain-scraper", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.plain_scraper:
@@ -548,6 +605,8 @@ def main() -> None:
     try:
         for i in range(args.runs):
             print(f"\nrun {i + 1}/{args.runs}: load average before {os.getloadavg()[0]:.2f}", flush=True)
+            if args.page_cache == "evicted":
+                print(f"page cache: {evict(binaries()) / 2**20:.0f} MB of binaries evicted", flush=True)
             with tempfile.TemporaryDirectory(prefix="bench-sidecar-") as tmp:
                 runs.append(run_once(server, Path(tmp), args))
             print(f"load average after: {os.getloadavg()[0]:.2f}")
