@@ -105,14 +105,8 @@ def open_store(settings: Settings, *, threads: int | None = None) -> Any:
         from collector.lake import open_store as open_lake
 
         return open_lake(settings)
-    if settings.api_enabled:
-        return Store(settings.store_path, threads=threads, memory_limit=settings.store_memory_limit)
-    return Store(
-        settings.store_path,
-        threads=threads,
-        memory_limit=settings.store_memory_limit or COLLECTOR_MEMORY_LIMIT,
-        sheds_cache=True,
-    )
+    limit = settings.store_memory_limit or (None if settings.api_enabled else COLLECTOR_MEMORY_LIMIT)
+    return Store(settings.store_path, threads=threads, memory_limit=limit)
 
 
 def maintenance_interval_s(settings: Settings) -> float:

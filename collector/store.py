@@ -87,9 +87,6 @@ WAL_AUTOCHECKPOINT = "4MB"
 # round 5). A writable file is attached (BLOCK_SIZE is an ATTACH option) and made the
 # connection's default catalog.
 ATTACHED = "store"  # the catalog name of an attached store file
-# The buffer pool's cap for the moment a ``sheds_cache`` store's checkpoint sheds its cache
-# (Store.checkpoint): below what DuckDB pins, so every unpinned block goes.
-SHED_TO = "1MB"
 # How often series without a point left are deleted (collector.series rule 3): the check scans
 # every point, so it runs hourly, not at every maintenance pass.
 SERIES_PRUNE_NS = 3600 * 1_000_000_000
@@ -188,18 +185,13 @@ class Store(RowCounts):
         threads: int | None = None,
         memory_limit: str | None = None,
         wal_autocheckpoint: str = WAL_AUTOCHECKPOINT,
-        sheds_cache: bool = False,
     ):
         """``threads``: DuckDB worker threads (default: the CPUs this process may use). A sidecar,
         which mostly inserts small batches, passes 1: extra threads only add scheduling cost.
         ``memory_limit``: DuckDB's buffer-pool cap (``"64MB"``; default DuckDB's, 80 % of RAM).
-        ``wal_autocheckpoint``: the WAL size that triggers a checkpoint (:data:`WAL_AUTOCHECKPOINT`).
-        ``sheds_cache``: for a store that nothing but its own writer and maintenance use (a
-        collector-only agent's): :meth:`checkpoint` then drops DuckDB's cached blocks, and the
-        configuration is not locked so that it can (:meth:`lock_down`)."""
+        ``wal_autocheckpoint``: the WAL size that triggers a checkpoint (:data:`WAL_AUTOCHECKPOINT`)."""
         self.path = str(path)
         self.read_only = read_only
-        self.sheds_cache = sheds_cache and not read_only
         self._lock = threading.RLock()
         self._config: dict[str, Any] = {
             "threads": threads or _cpus(),
@@ -301,15 +293,10 @@ class Store(RowCounts):
         Python objects), extensions are neither installed nor loaded on demand, and the
         configuration is locked so no statement can turn either back on. DuckDB's own spill files
         under ``temp_directory`` keep working. Writes read their batches as registered relations
-        (:func:`collector.batch.run_on_stream`).
-
-        A store opened with ``sheds_cache`` (a collector-only agent's: no API, no SQL route, no
-        statement but the store's own) keeps external access off but its configuration unlocked:
-        :meth:`checkpoint` sets the buffer pool's cap to shed its cache."""
+        (:func:`collector.batch.run_on_stream`)."""
         try:
             self.con.execute("SET enable_external_access = false")
-            if not self.sheds_cache:
-                self.con.execute("SET lock_configuration = true")
+            self.con.execute("SET lock_configuration = true")
         except duckdb.Error as exc:
             raise StoreError(f"store {self.path}: cannot lock the database down ({exc})") from exc
 
@@ -798,43 +785,8 @@ class Store(RowCounts):
         state.write(self.con, key, value)
 
     def checkpoint(self) -> None:
-        """Write what the WAL holds into the file.
-
-        With ``sheds_cache``, DuckDB's buffer pool then lets go of every block it need not keep:
-        the blocks of the file it read (a pass's rollups read the last minutes of points, an
-        append the last block of each column) and those the checkpoint just wrote stay cached
-        until the pool's cap needs the room, so a collector's resident memory otherwise creeps
-        up towards that cap between passes. The cap is set to :data:`SHED_TO` for a moment,
-        which evicts every unpinned block (DuckDB refuses the cap when the pinned ones are more:
-        they stay, and it is not an error here) and then set back. Right after a checkpoint no
-        block holds unwritten rows, so nothing is spilled to ``temp_directory``."""
         with self._lock:
             self.con.execute("CHECKPOINT")
-            if self.sheds_cache:
-                self._shed_cache()
-
-    def _shed_cache(self) -> None:
-        # the cap as configured, not as DuckDB prints it back ('32MB' reads '30.5 MiB', which
-        # sets 31,981,568 bytes: each round trip would lower it a little)
-        cap = self._config.get("memory_limit")
-        if cap is None:
-            got = self.con.execute("SELECT current_setting('memory_limit')").fetchone()
-            cap = self._config["memory_limit"] = str(got[0]) if got else None
-        if cap is None:
-            return
-        try:
-            self.con.execute(f"SET memory_limit = {_text(SHED_TO)}")
-        except duckdb.OutOfMemoryException:
-            pass  # the pinned blocks stay; the unpinned ones are gone all the same
-        finally:
-            self.con.execute(f"SET memory_limit = {_text(cap)}")
-
-    def wal_bytes(self) -> int:
-        """The size of the store's write-ahead log (0 when there is none)."""
-        try:
-            return os.stat(self.path + ".wal").st_size
-        except OSError:
-            return 0
 
     def close(self) -> None:
         """Pack the closed slices of a writable store file (an ``ioe ingest`` of past captures
