@@ -13,6 +13,7 @@ MODULES = (
     "bench.bench_parse",
     "bench.bench_sidecar",
     "bench.store_longrun",
+    "bench.duckdb_append_memory",
     "bench.bench_otlp",
     "bench.bench_traces",
     "bench.bench_stragglers",
