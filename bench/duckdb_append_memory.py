@@ -92,11 +92,11 @@ def main() -> None:
             text=True,
         ).stdout
         got = json.loads(out)
-        per_col = 1e6 * got["reopen_in_memory_mb"] / cols / 1024
+        counted, resident = (1e6 * got[k] / cols / 1024 for k in ("reopen_in_memory_mb", "reopen_anon_mb"))
         print(
             f"block {block // 1024:3d} KiB: new {got['new_in_memory_mb']:5.1f} MB in memory "
             f"(anon +{got['new_anon_mb']:.1f}); after reopen +10 rows {got['reopen_in_memory_mb']:5.1f} MB "
-            f"(anon +{got['reopen_anon_mb']:.1f}), {per_col:.0f} KiB a column"
+            f"(anon +{got['reopen_anon_mb']:.1f}): {counted:.0f} KiB a column counted, {resident:.0f} held"
         )
 
 
