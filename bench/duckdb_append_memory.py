@@ -18,20 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench.bench_sidecar import status_kb
 
 BLOCK_SIZES = (262_144, 65_536, 16_384)
 TABLES = 3
 
 
 def _anon_kb() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1])
-    return 0
+    return status_kb(os.getpid(), "RssAnon")[0]
 
 
 def _in_memory_mb(con: object) -> float:

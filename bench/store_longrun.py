@@ -17,7 +17,7 @@ Run: ``.venv/bin/python -m bench.store_longrun --cycles 3600 [--memory-limit 32M
 from __future__ import annotations
 
 import argparse
-import re
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -33,8 +33,7 @@ T0_NS = 1_800_000_000_000_000_000
 
 
 def _status_mb(key: str) -> float:
-    found = re.search(rf"{key}:\s+(\d+)", Path("/proc/self/status").read_text())
-    return int(found.group(1)) / 1024 if found else 0.0
+    return bench_sidecar.status_kb(os.getpid(), key)[0] / 1024
 
 
 def main() -> None:
