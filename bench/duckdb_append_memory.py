@@ -34,6 +34,11 @@ def _anon_kb() -> int:
     return status_kb(os.getpid(), "RssAnon")[0]
 
 
+def _mb(kib: int) -> float:
+    """``/proc``'s kB (KiB) in the MB (10^6 bytes) that ``duckdb_memory()``'s bytes are shown in."""
+    return round(kib * 1024 / 1e6, 1)
+
+
 def _in_memory_mb(con: object) -> float:
     row = con.execute(  # type: ignore[attr-defined]
         "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'"
@@ -56,7 +61,7 @@ def measure(block: int, rows: int, columns: int, path: Path) -> dict[str, float]
     before = _anon_kb()
     for t in range(TABLES):
         con.execute(f"INSERT INTO t{t} SELECT {values} FROM range({rows})")
-    got = {"new_in_memory_mb": _in_memory_mb(con), "new_anon_mb": round((_anon_kb() - before) / 1e3, 1)}
+    got = {"new_in_memory_mb": _in_memory_mb(con), "new_anon_mb": _mb(_anon_kb() - before)}
     con.execute("CHECKPOINT")
     con.close()
     con = duckdb.connect(":memory:", config=config)
@@ -66,7 +71,7 @@ def measure(block: int, rows: int, columns: int, path: Path) -> dict[str, float]
     for t in range(TABLES):
         con.execute(f"INSERT INTO t{t} SELECT {values} FROM range(10)")
     got["reopen_in_memory_mb"] = _in_memory_mb(con)
-    got["reopen_anon_mb"] = round((_anon_kb() - before) / 1e3, 1)
+    got["reopen_anon_mb"] = _mb(_anon_kb() - before)
     con.close()
     return got
 
