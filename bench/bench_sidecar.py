@@ -279,11 +279,9 @@ def binaries() -> list[Path]:
 
 
 def evict(paths: list[Path]) -> int:
-    """``--page-cache evicted``: drop ``paths`` from the page cache (``POSIX_FADV_DONTNEED``; a page
-    some running process maps stays), so each run's processes read their code from disk as after
-    a reboot. Left as pip had written it, DuckDB's library was 51.6 MB resident in the sidecar
-    instead of 31.6 MB (Linux 6.18; bench/results/sidecar.md, round 12): peaks from different
-    sessions differed by ~19 MB with the same code. Returns the bytes advised."""
+    """``--page-cache evicted`` (the module's docstring says why): drop ``paths`` from the page
+    cache (``POSIX_FADV_DONTNEED``; a page some running process maps stays). Returns the bytes
+    advised."""
     done = 0
     for path in paths:
         try:
