@@ -49,8 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import duckdb
-
+from collector.engine import duckdb
 from collector.errors import first_line
 
 SUFFIX = ".compact"

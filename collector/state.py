@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-import duckdb
+from collector.engine import duckdb
 
 TABLE = "ioe_state"
 KEYS = ("rollup_watermark_ns", "series_pruned_ns")

@@ -36,10 +36,9 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import duckdb
-
 from collector import compaction, increases, series, state
 from collector.batch import Batch, as_polars, run_on_stream
+from collector.engine import duckdb
 from collector.errors import first_line
 from collector.records import INCREASE, REPLACE_TABLES, TABLES, Table, points_name, series_name
 

@@ -98,7 +98,7 @@ def main(args: list[str]) -> None:
         settings = _exits(lambda: settings_or_exit(config, **given))
     else:
         settings = cast("Settings", PlainSettings(dump))
-        if "duckdb" not in sys.modules:  # not imported yet: this process's first DuckDB
+        if "_duckdb" not in sys.modules:  # not loaded yet: this process's first DuckDB
             os.environ.setdefault("DUCKDB_JE_MALLOC_CONF", COLLECTOR_JEMALLOC)
         if not needs_tls(settings):
             without_tls()
@@ -152,9 +152,8 @@ def run(settings: Settings) -> None:
     """Rule 3: the sidecar on ``settings`` until SIGINT or SIGTERM."""
     import asyncio
 
-    import duckdb
-
     from collector.agent import Agent
+    from collector.engine import duckdb
     from collector.store import StoreError
     from ioe.commands._common import bind_or_exit, exposure_or_exit, fail, store_problem
 
