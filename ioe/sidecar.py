@@ -1,8 +1,9 @@
 """``ioe sidecar``'s body, and its start without typer or pydantic for a collector-only agent.
 
-A collector-only sidecar (``api_enabled: false``) has 100 MB resident for its whole life (issue
-24); typer and pydantic's settings models are ~12 MB of that and it needs neither once started
-(bench/results/sidecar.md). So :func:`main` is the entry point's way in for ``ioe sidecar``.
+A collector-only sidecar (``api_enabled: false``) has a budget of 100 MB peak resident (issue 24:
+over 10 minutes); typer and pydantic's settings models would be ~12 MB of that and it needs
+neither once started (bench/results/sidecar.md). So :func:`main` is the entry point's way in for
+``ioe sidecar``.
 
 Rules:
   1. ``ioe sidecar`` with nothing but ``--config``, ``--store``, ``--port`` and ``--listen`` (each
