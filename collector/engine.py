@@ -9,8 +9,8 @@ less: peak 100.7 and 100.9 MB against 104.6 and 104.6 MB, two pairs side by side
 (bench/results/sidecar.md, round 14).
 
 Rules:
-  1. :data:`duckdb` is the extension module ``_duckdb`` where it is one (DuckDB's Python
-     package has shipped it as a top-level module since 1.4); elsewhere the ``duckdb`` package.
+  1. :data:`duckdb` is the extension module ``_duckdb`` where it is a top-level module of its
+     own (as in the pinned DuckDB 1.5.5); elsewhere the ``duckdb`` package.
   2. A process that also imports the package (the API, the analyzer, the tests) gets the same
      objects either way, so an exception raised through one is caught through the other.
 """
